@@ -1,0 +1,49 @@
+// Memory accounting: a counting CPU allocator (current / peak bytes of every CPU tensor of this
+// process) and the library's own bytes by kind.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace fsdp::accounting {
+
+/// Installs a CPU allocator that counts the bytes of every live CPU allocation made through
+/// c10's allocator (all CPU tensors) in front of the current one. Call once, before creating the
+/// tensors to be counted (tensors allocated earlier are freed correctly but never counted).
+/// Idempotent; thread-safe counters. Not collective.
+void install_counting_allocator();
+/// True once install_counting_allocator() has run.
+bool counting_allocator_installed();
+/// Bytes of CPU tensor storage alive now (0 if the allocator is not installed).
+int64_t current_bytes();
+/// Highest current_bytes() since install or the last reset_peak_bytes().
+int64_t peak_bytes();
+/// Sets the peak to the current value (start of a measured phase).
+void reset_peak_bytes();
+
+/// This rank's model-state bytes held by fsdp-cpp, by kind (one rank, one moment).
+struct ModelStateBytes {
+  int64_t sharded_param_bytes = 0;     ///< sharded params incl. padding rows
+  int64_t sharded_grad_bytes = 0;      ///< sharded grads currently defined
+  int64_t optim_state_bytes = 0;       ///< optimizer state tensors (0 without an optimizer)
+  int64_t unsharded_param_bytes = 0;   ///< unsharded params alive now
+  int64_t unsharded_grad_bytes = 0;    ///< unsharded grads alive now
+  int64_t peak_unsharded_param_bytes = 0;  ///< max unsharded params alive since last reset
+  int64_t total_state_bytes() const {
+    return sharded_param_bytes + sharded_grad_bytes + optim_state_bytes;
+  }
+};
+
+/// Model state of the units under root (and of `optimizer`, when given). Not collective.
+ModelStateBytes model_state_bytes(const std::shared_ptr<torch::nn::Module>& root,
+                                  const torch::optim::Optimizer* optimizer = nullptr);
+/// Bytes of the state tensors of optimizer (Adam/AdamW exp_avg, exp_avg_sq, max_exp_avg_sq; SGD
+/// momentum_buffer). Throws fsdp::Error for an optimizer type it does not know.
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+/// Resets peak_unsharded_param_bytes of root's tree to the current value.
+void reset_peak_unsharded_bytes(const std::shared_ptr<torch::nn::Module>& root);
+
+}  // namespace fsdp::accounting

@@ -1,0 +1,12 @@
+// fsdp-cpp umbrella header.
+#pragma once
+
+#include "fsdp/accounting/memory.h"
+#include "fsdp/comm/mpi_process_group.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/comm/threaded_process_group.h"
+#include "fsdp/common/check.h"
+#include "fsdp/optim/clip.h"
+#include "fsdp/runtime/fully_shard.h"
+#include "fsdp/runtime/options.h"
+#include "fsdp/shard/layout.h"

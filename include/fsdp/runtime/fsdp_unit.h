@@ -1,0 +1,128 @@
+// FSDPUnit: the parameters wrapped by one fully_shard call, communicated together (layer 3).
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm/process_group.h"
+#include "fsdp/runtime/fsdp_param.h"
+#include "fsdp/runtime/options.h"
+
+namespace fsdp {
+
+/// Where a unit stands in the step (checked at every hook; illegal transitions throw).
+enum class TrainingState { kIdle, kForward, kPreBackward, kPostBackward };
+/// Whether the unit's module params hold data: kSharded (storage freed), kUnsharding (all-gather in
+/// flight), kUnsharded.
+enum class ShardedState { kSharded, kUnsharding, kUnsharded };
+const char* to_string(TrainingState s);
+const char* to_string(ShardedState s);
+
+struct RootContext;
+
+/// The state of one FSDP unit: its params' shards, the communication buffers of one all-gather and
+/// one reduce-scatter, and the hooks run by fsdp::call. Created by fully_shard; not copyable.
+///
+/// Call-order rule: all ranks of the group run the same units in the same order (same forward,
+/// same backward), as for any collective. Hooks run on the thread that runs forward / backward.
+class FSDPUnit {
+ public:
+  /// Shards `params` (entries with fqn, shape, requires_grad and module_param filled in; see
+  /// fully_shard, which collects them). Collective over group: checks that every rank passes the
+  /// same names, shapes, dtypes and requires_grad flags (fsdp::Error naming the parameter and both
+  /// ranks' values otherwise). Throws fsdp::Error for unsupported options.
+  FSDPUnit(std::shared_ptr<torch::nn::Module> module, std::string name,
+           comm::ProcessGroupPtr group, FullyShardOptions options, std::vector<FSDPParam> params);
+  ~FSDPUnit();
+  FSDPUnit(const FSDPUnit&) = delete;
+  FSDPUnit& operator=(const FSDPUnit&) = delete;
+
+  const std::string& name() const { return name_; }
+  /// The wrapped module (the unit holds it weakly: it must be alive).
+  torch::nn::Module& module() { return *module_raw_; }
+  /// True while the wrapped module is alive.
+  bool module_alive() const { return !module_.expired(); }
+  const comm::ProcessGroupPtr& group() const { return group_; }
+  const FullyShardOptions& options() const { return options_; }
+  std::vector<FSDPParam>& params() { return params_; }
+  const std::vector<FSDPParam>& params() const { return params_; }
+  TrainingState training_state() const { return training_state_; }
+  ShardedState sharded_state() const { return sharded_state_; }
+  bool is_root() const;
+
+  /// Issues the all-gather of this unit's params (non-blocking). No-op unless kSharded.
+  void unshard_async();
+  /// Makes the params usable: issues the all-gather if needed, waits, copies the output into the
+  /// params' unsharded storage. Blocks. Throws fsdp::Error if the all-gather failed.
+  void unshard();
+  /// Frees the unsharded storage (resize to 0 bytes). Params keep their shapes but hold no data.
+  void reshard();
+
+  /// When false, post-backward keeps the unsharded gradients (accumulating over backward passes)
+  /// and issues no reduce-scatter; the next backward with true reduces everything accumulated.
+  void set_requires_gradient_sync(bool sync) { requires_gradient_sync_ = sync; }
+  bool requires_gradient_sync() const { return requires_gradient_sync_; }
+
+  // Hooks (called by fsdp::call and the autograd functions; public for tests and drivers).
+  std::vector<at::Tensor> pre_forward(std::vector<at::Tensor> inputs);
+  std::vector<at::Tensor> post_forward(std::vector<at::Tensor> outputs);
+  void pre_backward(int64_t forward_index);
+  void post_backward();
+
+  /// Bytes this rank holds for the sharded params (padding included) / sharded grads.
+  int64_t sharded_param_bytes() const;
+  int64_t sharded_grad_bytes() const;
+  /// Bytes of unsharded gradients alive now (between backward and reduce-scatter, or accumulated
+  /// while requires_gradient_sync is false).
+  int64_t unsharded_grad_bytes() const;
+  /// Bytes of unsharded params alive now (0 while sharded).
+  int64_t unsharded_param_bytes() const;
+  /// dtype of the unsharded params / all-gather, and of the reduce-scatter.
+  c10::ScalarType param_dtype() const { return param_dtype_; }
+  c10::ScalarType reduce_dtype() const { return reduce_dtype_; }
+
+  // Internal: set by the root's lazy init.
+  std::shared_ptr<RootContext> root_context() const { return root_; }
+  void set_root_context(std::shared_ptr<RootContext> root) { root_ = std::move(root); }
+  /// Waits for this unit's in-flight reduce-scatter and adds its result to the sharded grads.
+  void finish_reduce_scatter();
+
+ private:
+  std::string where() const;  // "[fsdp rank R] unit 'name'"
+  void init_shards();
+  void lazy_init_root();
+  void check_consistency_across_ranks();
+  void copy_out_all_gather();
+  void issue_reduce_scatter();
+  bool reshard_after_forward() const;
+
+  std::weak_ptr<torch::nn::Module> module_;
+  torch::nn::Module* module_raw_;
+  std::string name_;
+  comm::ProcessGroupPtr group_;
+  FullyShardOptions options_;
+  std::vector<FSDPParam> params_;
+  shard::FlatLayout gather_layout_;  // all params
+  shard::FlatLayout reduce_layout_;  // params with requires_grad, in order
+  std::vector<int> reduce_param_index_;
+  c10::ScalarType orig_dtype_ = c10::kFloat;
+  c10::ScalarType param_dtype_ = c10::kFloat;
+  c10::ScalarType reduce_dtype_ = c10::kFloat;
+
+  TrainingState training_state_ = TrainingState::kIdle;
+  ShardedState sharded_state_ = ShardedState::kSharded;
+  bool requires_gradient_sync_ = true;
+  at::Tensor sharded_flat_;  // this rank's padded shards of all params, original dtype
+  int64_t forward_index_ = 0;
+  at::Tensor all_gather_input_, all_gather_output_;
+  comm::WorkPtr all_gather_work_;
+  at::Tensor reduce_scatter_input_, reduce_scatter_output_;
+  comm::WorkPtr reduce_scatter_work_;
+  std::shared_ptr<RootContext> root_;
+};
+
+}  // namespace fsdp

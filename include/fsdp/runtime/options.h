@@ -1,0 +1,57 @@
+// Options of fully_shard: sharding strategy, mixed precision policy, prefetch.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <optional>
+#include <string>
+
+namespace fsdp {
+
+/// Which training state is sharded (ZeRO stages; docs/architecture.md, "Strategies").
+///  kFullShard   (ZeRO-3): params, grads and optimizer state sharded; params all-gathered before
+///                forward and again before backward.
+///  kShardGradOp (ZeRO-2): like kFullShard but params stay unsharded from forward to the end of
+///                backward (no second all-gather).
+///  kNoShard (DDP), kHybridShard, kZero1: accepted by parse_sharding_strategy; fully_shard rejects
+///                those this build does not implement with an fsdp::Error.
+enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard, kZero1 };
+
+/// "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "zero1".
+std::string to_string(ShardingStrategy s);
+/// Inverse of to_string; throws fsdp::Error naming the accepted values.
+ShardingStrategy parse_sharding_strategy(const std::string& name);
+
+/// Mixed precision policy of a unit (PyTorch FSDP2's MixedPrecisionPolicy). Unset fields mean "the
+/// sharded parameter's dtype" (no cast). The sharded parameter, the sharded gradient and the
+/// optimizer state always keep the dtype the module was built with (fp32 master weights).
+struct MixedPrecisionPolicy {
+  /// dtype of the unsharded parameters used in forward/backward and of the all-gather.
+  std::optional<c10::ScalarType> param_dtype;
+  /// dtype in which gradients are reduce-scattered / all-reduced.
+  std::optional<c10::ScalarType> reduce_dtype;
+  /// dtype the unit's floating-point outputs are cast to (none: left as computed).
+  std::optional<c10::ScalarType> output_dtype;
+  /// Cast the unit's floating-point tensor inputs to param_dtype before forward.
+  bool cast_forward_inputs = true;
+};
+
+/// Options of one fully_shard call.
+struct FullyShardOptions {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  /// Free the unsharded params after forward (re-gather in backward). Unset: true for kFullShard,
+  /// false for kShardGradOp. The root unit never reshards after a forward run with grad enabled
+  /// (its params are needed first in backward), but always after a no-grad forward.
+  std::optional<bool> reshard_after_forward;
+  MixedPrecisionPolicy mixed_precision;
+  /// Issue the next unit's all-gather (in last iteration's forward order) at each pre-forward.
+  bool forward_prefetch = true;
+  /// Issue the previous unit's all-gather (reverse forward order) at each pre-backward.
+  bool backward_prefetch = true;
+  /// Upper bound on units of one tree holding unsharded params at once, prefetched ones included;
+  /// the root unit (unsharded through the whole step) is not counted. Prefetch is skipped when the
+  /// bound is reached. >= 1.
+  int max_unsharded_units = 2;
+};
+
+}  // namespace fsdp

@@ -1,0 +1,181 @@
+#include "fsdp/runtime/fully_shard.h"
+
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "fsdp/common/check.h"
+
+namespace fsdp {
+namespace {
+
+// Module -> unit registry (libtorch modules have no slot for user state). Keyed by address; a unit
+// holds its module weakly, and entries whose module died are dropped (so a new module at a reused
+// address is never mistaken for the old one).
+struct Registry {
+  std::mutex mu;
+  std::unordered_map<const torch::nn::Module*, std::shared_ptr<FSDPUnit>> units;
+  // parameter TensorImpl -> owning unit (to reject params shared across units)
+  std::unordered_map<const c10::TensorImpl*, FSDPUnit*> param_owner;
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+// Params of module's subtree that no unit below (or at) module owns yet, with qualified names
+// relative to module, first name wins for shared params.
+void collect_params(torch::nn::Module& m, const std::string& prefix, bool is_top,
+                    std::unordered_set<const c10::TensorImpl*>& seen, std::vector<FSDPParam>& out) {
+  if (!is_top && find_unit(&m)) return;  // owned by a nested unit
+  for (const auto& item : m.named_parameters(/*recurse=*/false)) {
+    const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+    if (!seen.insert(impl).second) continue;
+    {
+      auto& reg = registry();
+      std::lock_guard<std::mutex> lock(reg.mu);
+      auto it = reg.param_owner.find(impl);
+      FSDP_CHECK(it == reg.param_owner.end(), "[fsdp] fully_shard: parameter '", prefix, item.key(),
+                 "' is already managed by unit '", it == reg.param_owner.end() ? "" : it->second->name(),
+                 "'; a parameter shared by two modules must live in one unit (wrap their common "
+                 "parent)");
+    }
+    FSDPParam p;
+    p.fqn = prefix + item.key();
+    p.shape = item.value().sizes().vec();
+    p.requires_grad = item.value().requires_grad();
+    p.module_param = item.value();
+    out.push_back(std::move(p));
+  }
+  for (const auto& child : m.named_children()) {
+    collect_params(*child.value(), prefix + child.key() + ".", false, seen, out);
+  }
+}
+
+int64_t unowned_numel(torch::nn::Module& m, bool is_top) {
+  if (!is_top && find_unit(&m)) return 0;
+  int64_t n = 0;
+  for (const auto& p : m.parameters(/*recurse=*/false)) n += p.numel();
+  for (const auto& c : m.children()) n += unowned_numel(*c, false);
+  return n;
+}
+
+std::shared_ptr<FSDPUnit> fully_shard_named(std::shared_ptr<torch::nn::Module> module,
+                                            const std::string& name, comm::ProcessGroupPtr group,
+                                            const FullyShardOptions& options) {
+  FSDP_CHECK(module != nullptr, "[fsdp] fully_shard: module is null");
+  FSDP_CHECK(!find_unit(module.get()), "[fsdp] fully_shard: module '", name,
+             "' is already an FSDP unit");
+  {
+    // Drop units whose module died (frees their shards).
+    auto& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mu);
+    for (auto it = reg.units.begin(); it != reg.units.end();) {
+      it = it->second->module_alive() ? std::next(it) : reg.units.erase(it);
+    }
+    for (auto it = reg.param_owner.begin(); it != reg.param_owner.end();) {
+      bool alive = false;
+      for (const auto& kv : reg.units) alive = alive || kv.second.get() == it->second;
+      it = alive ? std::next(it) : reg.param_owner.erase(it);
+    }
+  }
+  std::unordered_set<const c10::TensorImpl*> seen;
+  std::vector<FSDPParam> params;
+  collect_params(*module, "", true, seen, params);
+  auto unit = std::make_shared<FSDPUnit>(module, name, std::move(group), options, std::move(params));
+  auto& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  reg.units[module.get()] = unit;
+  for (const auto& p : unit->params()) reg.param_owner[p.module_param.unsafeGetTensorImpl()] = unit.get();
+  return unit;
+}
+
+}  // namespace
+
+std::shared_ptr<FSDPUnit> fully_shard(std::shared_ptr<torch::nn::Module> module,
+                                      comm::ProcessGroupPtr group,
+                                      const FullyShardOptions& options) {
+  std::string name = module ? module->name() : "";
+  return fully_shard_named(std::move(module), name, std::move(group), options);
+}
+
+WrapPolicy wrap_by_min_numel(int64_t min_numel) {
+  return [min_numel](const std::string&, torch::nn::Module& m) {
+    return unowned_numel(m, true) >= min_numel;
+  };
+}
+
+std::shared_ptr<FSDPUnit> fully_shard_tree(std::shared_ptr<torch::nn::Module> root,
+                                           comm::ProcessGroupPtr group, const WrapPolicy& policy,
+                                           const FullyShardOptions& options) {
+  FSDP_CHECK(root != nullptr, "[fsdp] fully_shard_tree: root module is null");
+  // Children first (post-order) so that each unit owns only what no nested unit owns.
+  std::function<void(const std::shared_ptr<torch::nn::Module>&, const std::string&)> visit =
+      [&](const std::shared_ptr<torch::nn::Module>& m, const std::string& qn) {
+        for (const auto& child : m->named_children()) {
+          std::string cq = qn.empty() ? child.key() : qn + "." + child.key();
+          visit(child.value(), cq);
+          if (!find_unit(child.value().get()) && policy(cq, *child.value())) {
+            fully_shard_named(child.value(), cq, group, options);
+          }
+        }
+      };
+  visit(root, "");
+  return fully_shard_named(root, "root", group, options);
+}
+
+std::shared_ptr<FSDPUnit> find_unit(const torch::nn::Module* module) {
+  auto& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto it = reg.units.find(module);
+  if (it == reg.units.end()) return nullptr;
+  if (!it->second->module_alive()) {
+    reg.units.erase(it);
+    return nullptr;
+  }
+  return it->second;
+}
+
+std::vector<std::shared_ptr<FSDPUnit>> units_of(const std::shared_ptr<torch::nn::Module>& root) {
+  std::vector<std::shared_ptr<FSDPUnit>> out;
+  std::function<void(const torch::nn::Module&)> visit = [&](const torch::nn::Module& m) {
+    if (auto u = find_unit(&m)) out.push_back(u);
+    for (const auto& c : m.children()) visit(*c);
+  };
+  visit(*root);
+  return out;
+}
+
+std::vector<ShardedParameter> sharded_parameters(const std::shared_ptr<torch::nn::Module>& root) {
+  // Names from root: the unit's module qualified name + the param's name inside it.
+  std::unordered_map<const torch::nn::Module*, std::string> prefix;
+  std::function<void(const torch::nn::Module&, const std::string&)> visit =
+      [&](const torch::nn::Module& m, const std::string& p) {
+        prefix[&m] = p;
+        for (const auto& c : m.named_children()) visit(*c.value(), p + c.key() + ".");
+      };
+  visit(*root, "");
+  std::vector<ShardedParameter> out;
+  for (const auto& u : units_of(root)) {
+    const std::string& pre = prefix[&u->module()];
+    for (const auto& p : u->params()) out.push_back({pre + p.fqn, p.sharded_param, u.get(), &p});
+  }
+  return out;
+}
+
+std::vector<at::Tensor> parameters(const std::shared_ptr<torch::nn::Module>& root) {
+  std::vector<at::Tensor> out;
+  for (const auto& sp : sharded_parameters(root)) out.push_back(sp.tensor);
+  return out;
+}
+
+void set_requires_gradient_sync(const std::shared_ptr<torch::nn::Module>& root, bool sync) {
+  for (const auto& u : units_of(root)) u->set_requires_gradient_sync(sync);
+}
+
+void wait_for_pending(const std::shared_ptr<torch::nn::Module>& root) {
+  for (const auto& u : units_of(root)) u->finish_reduce_scatter();
+}
+
+}  // namespace fsdp

@@ -1,0 +1,28 @@
+#include "fsdp/runtime/options.h"
+
+#include "fsdp/common/check.h"
+
+namespace fsdp {
+
+std::string to_string(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::kFullShard: return "full_shard";
+    case ShardingStrategy::kShardGradOp: return "shard_grad_op";
+    case ShardingStrategy::kNoShard: return "no_shard";
+    case ShardingStrategy::kHybridShard: return "hybrid_shard";
+    case ShardingStrategy::kZero1: return "zero1";
+  }
+  return "?";
+}
+
+ShardingStrategy parse_sharding_strategy(const std::string& name) {
+  for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                 ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard,
+                 ShardingStrategy::kZero1}) {
+    if (to_string(s) == name) return s;
+  }
+  throw Error(str_cat("[fsdp] unknown sharding strategy '", name,
+                      "'; expected one of full_shard, shard_grad_op, no_shard, hybrid_shard, zero1"));
+}
+
+}  // namespace fsdp
