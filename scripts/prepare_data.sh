@@ -90,7 +90,7 @@ MODEL="$DATA_DIR/spm_${VOCAB_SIZE}"
 if [ ! -f "$MODEL.model" ]; then
   echo "[prepare_data] training SentencePiece BPE, vocab $VOCAB_SIZE -> $MODEL.model"
   spm_train --input="$CORPUS/train.txt" --model_prefix="$MODEL.tmp" --vocab_size="$VOCAB_SIZE" \
-    --model_type=bpe --character_coverage=1.0 --user_defined_symbols='<|endoftext|>,<n>' \
+    --model_type=bpe --character_coverage=1.0 --byte_fallback=true --user_defined_symbols='<|endoftext|>,<n>' \
     --max_sentence_length=16384 --input_sentence_size=2000000 --shuffle_input_sentence=true \
     --num_threads="$(nproc)" --minloglevel=1 >"$DATA_DIR/spm_${VOCAB_SIZE}.log" 2>&1 ||
     { tail -n 20 "$DATA_DIR/spm_${VOCAB_SIZE}.log" >&2; exit 1; }

@@ -1,0 +1,185 @@
+#include "models/gpt.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/full_like.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/multinomial.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/topk.h>
+#include <ATen/ops/where.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "fsdp/runtime/fully_shard.h"
+
+namespace fsdp::models {
+
+int64_t GPTConfig::num_params() const {
+  const int64_t C = n_embd;
+  const int64_t per_block = 2 * 2 * C            // ln_1, ln_2
+                            + C * 3 * C + 3 * C  // c_attn
+                            + C * C + C          // attn.c_proj
+                            + C * 4 * C + 4 * C  // c_fc
+                            + 4 * C * C + C;     // mlp.c_proj
+  return vocab_size * C + block_size * C + n_layer * per_block + 2 * C;
+}
+
+std::vector<std::string> gpt_preset_names() {
+  return {"nano", "micro", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
+}
+
+GPTConfig gpt_preset(const std::string& name, int64_t vocab_size) {
+  GPTConfig c;
+  c.vocab_size = vocab_size;
+  auto set = [&](int64_t layers, int64_t heads, int64_t width, int64_t ctx) {
+    c.n_layer = layers;
+    c.n_head = heads;
+    c.n_embd = width;
+    c.block_size = ctx;
+  };
+  if (name == "nano") set(4, 4, 128, 256);
+  else if (name == "micro") set(6, 6, 384, 256);
+  else if (name == "gpt2") set(12, 12, 768, 1024);
+  else if (name == "gpt2-medium") set(24, 16, 1024, 1024);
+  else if (name == "gpt2-large") set(36, 20, 1280, 1024);
+  else if (name == "gpt2-xl") set(48, 25, 1600, 1024);
+  else {
+    std::string known;
+    for (const auto& n : gpt_preset_names()) known += (known.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("unknown model preset '" + name + "' (known: " + known + ")");
+  }
+  return c;
+}
+
+namespace {
+void check_config(const GPTConfig& c) {
+  if (c.vocab_size <= 0 || c.n_layer <= 0 || c.n_head <= 0 || c.n_embd <= 0 || c.block_size <= 0) {
+    throw std::invalid_argument("GPT config: all sizes must be positive");
+  }
+  if (c.n_embd % c.n_head != 0) {
+    throw std::invalid_argument("GPT config: n_embd " + std::to_string(c.n_embd) +
+                                " is not divisible by n_head " + std::to_string(c.n_head));
+  }
+}
+
+void init_linear(torch::nn::Linear& l, double std) {
+  torch::nn::init::normal_(l->weight, 0.0, std);
+  if (l->bias.defined()) torch::nn::init::zeros_(l->bias);
+}
+}  // namespace
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& cfg) : n_head_(cfg.n_head) {
+  c_attn = register_module("c_attn", torch::nn::Linear(cfg.n_embd, 3 * cfg.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(cfg.n_embd, cfg.n_embd));
+}
+
+at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / n_head_;
+  auto qkv = c_attn(x).split(C, /*dim=*/2);  // 3 x (B, T, C)
+  auto q = qkv[0].view({B, T, n_head_, D}).transpose(1, 2);  // (B, H, T, D)
+  auto k = qkv[1].view({B, T, n_head_, D}).transpose(1, 2);
+  auto v = qkv[2].view({B, T, n_head_, D}).transpose(1, 2);
+  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                            /*is_causal=*/true);  // (B, H, T, D)
+  y = y.transpose(1, 2).contiguous().view({B, T, C});
+  return c_proj(y);
+}
+
+MLPImpl::MLPImpl(const GPTConfig& cfg) {
+  c_fc = register_module("c_fc", torch::nn::Linear(cfg.n_embd, 4 * cfg.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * cfg.n_embd, cfg.n_embd));
+}
+
+at::Tensor MLPImpl::forward(const at::Tensor& x) {
+  return c_proj(at::gelu(c_fc(x), "tanh"));
+}
+
+BlockImpl::BlockImpl(const GPTConfig& cfg) {
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.n_embd})));
+  attn = register_module("attn", CausalSelfAttention(cfg));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.n_embd})));
+  mlp = register_module("mlp", MLP(cfg));
+}
+
+at::Tensor BlockImpl::forward(at::Tensor x) {
+  x = x + attn(ln_1(x));
+  return x + mlp(ln_2(x));
+}
+
+GPTImpl::GPTImpl(const GPTConfig& cfg) : cfg_(cfg) {
+  check_config(cfg);
+  wte = register_module("wte", torch::nn::Embedding(cfg.vocab_size, cfg.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(cfg.block_size, cfg.n_embd));
+  // libtorch forbids dots in submodule names: a ModuleList "h" gives the names h.0, h.1, ...
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg.n_layer; ++i) {
+    blocks.push_back(Block(cfg));
+    h->push_back(blocks.back());
+  }
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.n_embd})));
+
+  // GPT-2 initialisation (LayerNorms keep their default weight 1, bias 0).
+  at::NoGradGuard no_grad;
+  const double std = 0.02, residual_std = 0.02 / std::sqrt(2.0 * cfg.n_layer);
+  torch::nn::init::normal_(wte->weight, 0.0, std);
+  torch::nn::init::normal_(wpe->weight, 0.0, std);
+  for (auto& b : blocks) {
+    init_linear(b->attn->c_attn, std);
+    init_linear(b->attn->c_proj, residual_std);
+    init_linear(b->mlp->c_fc, std);
+    init_linear(b->mlp->c_proj, residual_std);
+  }
+}
+
+at::Tensor GPTImpl::forward(const at::Tensor& idx) {
+  const int64_t T = idx.size(1);
+  if (T > cfg_.block_size) {
+    throw std::invalid_argument("GPT forward: sequence length " + std::to_string(T) +
+                                " exceeds block_size " + std::to_string(cfg_.block_size));
+  }
+  auto pos = at::arange(T, idx.options().dtype(at::kLong));  // (T,)
+  at::Tensor x = wte(idx) + wpe(pos);                         // (B, T, C)
+  for (auto& block : blocks) x = fsdp::call(block, x);
+  x = ln_f(x);
+  return at::linear(x, wte->weight);  // (B, T, V), head tied to wte
+}
+
+std::vector<int64_t> GPTImpl::generate(const std::vector<int64_t>& prompt_ids, int64_t n_tokens,
+                                       double temperature, int64_t top_k, uint64_t seed) {
+  if (prompt_ids.empty()) throw std::invalid_argument("generate: empty prompt");
+  if (temperature <= 0.0) throw std::invalid_argument("generate: temperature must be > 0");
+  at::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  std::vector<int64_t> ids = prompt_ids;
+  GPTImpl* self = this;
+  for (int64_t n = 0; n < n_tokens; ++n) {
+    const int64_t T = std::min<int64_t>(static_cast<int64_t>(ids.size()), cfg_.block_size);
+    at::Tensor idx = at::tensor(std::vector<int64_t>(ids.end() - T, ids.end()), at::kLong)
+                         .view({1, T});
+    at::Tensor logits = fsdp::call(self, idx).select(1, T - 1).squeeze(0).to(at::kFloat);  // (V,)
+    logits = logits / temperature;
+    if (top_k > 0 && top_k < logits.size(0)) {
+      at::Tensor kth = std::get<0>(at::topk(logits, top_k)).select(0, top_k - 1);
+      logits = at::where(logits < kth, at::full_like(logits, -INFINITY), logits);
+    }
+    at::Tensor probs = at::softmax(logits, 0);
+    ids.push_back(at::multinomial(probs, 1, /*replacement=*/false, gen).item<int64_t>());
+  }
+  return std::vector<int64_t>(ids.begin() + static_cast<int64_t>(prompt_ids.size()), ids.end());
+}
+
+at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  const int64_t V = logits.size(-1);
+  return at::cross_entropy_loss(logits.reshape({-1, V}), targets.reshape({-1}));
+}
+
+}  // namespace fsdp::models

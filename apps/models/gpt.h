@@ -1,0 +1,111 @@
+// GPT-2-style decoder-only transformer (libtorch C++ frontend) whose blocks can be FSDP units.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace fsdp::models {
+
+/// Shape of a GPT. Every field can be overridden after taking a preset.
+struct GPTConfig {
+  int64_t vocab_size = 8192;  ///< from the tokenizer
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;       ///< model width C; must be divisible by n_head
+  int64_t block_size = 256;   ///< context length (max sequence length)
+
+  int64_t num_params() const;  ///< parameter count (tied head counted once)
+};
+
+/// Presets: "nano" (4 layers, 4 heads, width 128, ctx 256: ~1.9M params at vocab 8192),
+/// "micro" (6/6/384, ctx 256: ~14M), "gpt2" (12/12/768, ctx 1024), "gpt2-medium" (24/16/1024),
+/// "gpt2-large" (36/20/1280), "gpt2-xl" (48/25/1600). vocab_size is set from the argument.
+/// Throws std::invalid_argument naming the known presets.
+GPTConfig gpt_preset(const std::string& name, int64_t vocab_size);
+std::vector<std::string> gpt_preset_names();
+
+/// Causal self-attention: fused qkv projection c_attn (C -> 3C), scaled_dot_product_attention with
+/// is_causal, output projection c_proj (C -> C).
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GPTConfig& cfg);
+  at::Tensor forward(const at::Tensor& x);  // (B, T, C) -> (B, T, C)
+  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+
+ private:
+  int64_t n_head_;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+/// MLP: c_fc (C -> 4C), GELU (tanh approximation), c_proj (4C -> C).
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const GPTConfig& cfg);
+  at::Tensor forward(const at::Tensor& x);  // (B, T, C) -> (B, T, C)
+  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+/// Pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)). The FSDP unit type
+/// (wrap policy fsdp::wrap_by_type<BlockImpl>()).
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GPTConfig& cfg);
+  at::Tensor forward(at::Tensor x);  // (B, T, C) -> (B, T, C)
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  CausalSelfAttention attn{nullptr};
+  MLP mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+/// GPT: token embedding wte (V, C) + position embedding wpe (block_size, C), blocks "h.0".."h.{L-1}",
+/// final LayerNorm ln_f, and an output head tied to wte: logits = x @ wte.weight^T (the head has no
+/// parameter of its own, so the tied weight is one Parameter, owned by whichever FSDP unit owns wte).
+/// GPT-2 initialisation: Linear and Embedding weights ~ N(0, 0.02), the residual projections
+/// (attn.c_proj, mlp.c_proj) ~ N(0, 0.02/sqrt(2*n_layer)), biases 0, LayerNorm weight 1 / bias 0.
+/// Initialisation draws from the global torch generator: seed it (torch::manual_seed) first to build
+/// identical models on every rank.
+class GPTImpl : public torch::nn::Module {
+ public:
+  explicit GPTImpl(const GPTConfig& cfg);
+
+  /// idx: int64 (B, T) token ids, T <= block_size -> logits float (B, T, V). Each block is called
+  /// through fsdp::call, so a block that is an FSDP unit is unsharded around its forward.
+  at::Tensor forward(const at::Tensor& idx);
+
+  /// Samples n_tokens continuation ids of prompt_ids under torch::NoGradGuard, cropping the context
+  /// to block_size. Each step calls the model through fsdp::call(this), so an FSDP-wrapped model is
+  /// unsharded (collective: every rank of the model's group must call it with the same arguments).
+  /// temperature > 0 scales the logits; top_k > 0 keeps the k most likely tokens (0: all). Sampling
+  /// uses a generator seeded with `seed` (same seed on every rank gives the same tokens).
+  std::vector<int64_t> generate(const std::vector<int64_t>& prompt_ids, int64_t n_tokens,
+                                double temperature, int64_t top_k, uint64_t seed);
+
+  const GPTConfig& config() const { return cfg_; }
+  /// The output head's weight: the same tensor as wte->weight.
+  const at::Tensor& lm_head_weight() const { return wte->weight; }
+
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  std::vector<Block> blocks;    ///< the blocks of h, for direct calls
+  torch::nn::ModuleList h{nullptr};  ///< registered as "h": parameters h.0.*, h.1.*, ...
+  torch::nn::LayerNorm ln_f{nullptr};
+
+ private:
+  GPTConfig cfg_;
+};
+TORCH_MODULE(GPT);
+
+/// Mean cross entropy over all B*T positions: logits (B, T, V) float, targets int64 (B, T).
+at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets);
+
+}  // namespace fsdp::models
