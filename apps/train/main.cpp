@@ -1,0 +1,517 @@
+// fsdp-train: trains a GPT-2-style model on real text with Fully Sharded Data Parallel over MPI.
+//
+//   mpirun -n N build/bin/fsdp-train [flags]        (--help lists them; --config FILE.toml)
+//
+// Contents
+//   1. Setup: MPI world group, counting allocator, flags, tokenizer, token datasets.
+//   2. Model: identical init on every rank (checked), fully_shard_tree with one unit per Block.
+//   3. Optimizer: AdamW over this rank's shards, two groups (decay / no decay).
+//   4. Training loop: gradient accumulation, clipping, lr schedule, metrics, trace, evaluation.
+//   5. Sample and summary.
+//
+// Measurement rules (docs for the JSON-lines fields):
+//   * "comm" of a step is this rank's CommStats delta over the training part of the step only
+//     (forwards, backwards, grad clipping, optimizer step): a snapshot is taken right before the first
+//     micro-batch and right after optimizer.step(). The app's own collectives for the reported loss
+//     and memory (two all-reduces after the second snapshot) and evaluation are excluded exactly.
+//   * "mem" values are the MAX over ranks. param/grad/optim bytes are
+//     fsdp::accounting::model_state_bytes after optimizer.step() (before zero_grad); peak_bytes is the
+//     counting allocator's peak over the training part of the step (reset at its start).
+//   * "loss" is the mean over the global batch (all-reduce kAvg of each rank's local mean).
+//   * step_time_s / tokens_per_s cover the training part; tokens = global batch * seq len.
+//   * --trace: every rank records its events; at the end they are gathered to rank 0 over the
+//     process group (all_gather of the serialized JSON) and rank 0 writes one file PATH. Compute
+//     events (tid 0) are timed per micro-batch forward / backward and per optimizer step. The engine
+//     exposes no per-collective timestamps, so tid 1 shows, for each step and collective kind, one
+//     event whose duration is the communication thread's busy time in that step (CommStats busy_s
+//     delta), laid end to end from the step's start: it shows how much communication a step had,
+//     not when each collective ran or how it overlapped compute.
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <sys/stat.h>
+
+#include "data/batch_sampler.h"
+#include "data/token_dataset.h"
+#include "data/tokenizer.h"
+#include "fsdp/fsdp.h"
+#include "models/gpt.h"
+#include "train/reporting.h"
+#include "train/train_config.h"
+
+namespace fsdp::train {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+/// A setting the run cannot honour: printed by rank 0 (every rank finds the same), exit code 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+bool is_dir(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+bool is_file(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+/// The training and validation token streams, tokenized once (rank 0 builds the caches first).
+struct Corpus {
+  std::string train_path, val_path;  // val_path empty: the last 5% of train_path's tokens
+  std::shared_ptr<const data::TokenDataset> train, val;
+};
+
+Corpus load_corpus(const TrainConfig& c, const data::Tokenizer& tok, comm::ProcessGroup& group,
+                   Console& console) {
+  Corpus corpus;
+  std::string src = c.data.empty() ? c.data_dir + "/corpus" : c.data;
+  if (is_dir(src)) {
+    corpus.train_path = src + "/train.txt";
+    corpus.val_path = src + "/val.txt";
+    for (const auto& p : {corpus.train_path, corpus.val_path}) {
+      if (!is_file(p)) {
+        throw UsageError("--data: folder '" + src + "' has no " + p.substr(src.size() + 1) +
+                         (c.data.empty() ? " (run scripts/prepare_data.sh " + c.data_dir + ")" : ""));
+      }
+    }
+  } else if (is_file(src)) {
+    corpus.train_path = src;
+  } else {
+    throw UsageError("--data: '" + src + "' is neither a file nor a folder" +
+                     (c.data.empty() ? " (run scripts/prepare_data.sh " + c.data_dir + ")" : ""));
+  }
+  auto load = [&](const std::string& path) {
+    bool built = false;
+    auto t0 = Clock::now();
+    auto d = data::TokenDataset::load_or_build(path, tok, &built);
+    if (built) {
+      console.line("tokenized " + path + ": " + human_count(static_cast<double>(d.size())) +
+                   " tokens in " + std::to_string(seconds_since(t0)).substr(0, 4) + " s (cached as " +
+                   data::TokenDataset::cache_path(path, tok) + ")");
+    }
+    return d;
+  };
+  // Rank 0 tokenizes and writes the caches; the others read them after the barrier.
+  auto load_all = [&] {
+    data::TokenDataset train = load(corpus.train_path);
+    if (corpus.val_path.empty()) {
+      int64_t cut = train.size() - train.size() / 20;
+      corpus.val = std::make_shared<const data::TokenDataset>(train.slice(cut, train.size()));
+      corpus.train = std::make_shared<const data::TokenDataset>(train.slice(0, cut));
+    } else {
+      corpus.train = std::make_shared<const data::TokenDataset>(std::move(train));
+      corpus.val = std::make_shared<const data::TokenDataset>(load(corpus.val_path));
+    }
+  };
+  if (group.rank() == 0) load_all();
+  group.barrier()->wait();
+  if (group.rank() != 0) load_all();
+  return corpus;
+}
+
+models::GPTConfig resolve_model(const TrainConfig& c, int64_t vocab) {
+  models::GPTConfig m = models::gpt_preset(c.model, vocab);
+  if (c.n_layer > 0) m.n_layer = c.n_layer;
+  if (c.n_head > 0) m.n_head = c.n_head;
+  if (c.n_embd > 0) m.n_embd = c.n_embd;
+  if (c.block_size > 0) m.block_size = c.block_size;
+  if (m.n_embd % m.n_head != 0) {
+    throw UsageError("--n-embd " + std::to_string(m.n_embd) + " is not divisible by --n-head " +
+                     std::to_string(m.n_head));
+  }
+  if (c.seq_len > m.block_size) {
+    throw UsageError("--seq-len " + std::to_string(c.seq_len) + " exceeds the model's context of " +
+                     std::to_string(m.block_size) + " tokens (raise --block-size)");
+  }
+  return m;
+}
+
+FullyShardOptions resolve_fsdp_options(const TrainConfig& c) {
+  FullyShardOptions o;
+  try {
+    o.strategy = parse_sharding_strategy(c.strategy);
+  } catch (const fsdp::Error& e) {
+    throw UsageError(std::string("--strategy: ") + e.what());
+  }
+  if (c.mixed_precision == "bf16" || c.mixed_precision == "fp16") {
+    auto dt = c.mixed_precision == "bf16" ? at::kBFloat16 : at::kHalf;
+    o.mixed_precision.param_dtype = dt;
+    o.mixed_precision.reduce_dtype = dt;
+  }
+  return o;
+}
+
+/// Fails unless every rank built bitwise-identical initial parameters (same seed, same library).
+void check_identical_init(models::GPT& model, comm::ProcessGroup& group) {
+  double sum = 0.0, abs_sum = 0.0;
+  for (const auto& p : model->parameters()) {
+    sum += p.sum().item<double>();
+    abs_sum += p.abs().sum().item<double>();
+  }
+  at::Tensor mx = at::tensor(std::vector<double>{sum, abs_sum}, at::kDouble);
+  at::Tensor mn = mx.clone();
+  group.all_reduce(mx, comm::ReduceOp::kMax)->wait();
+  group.all_reduce(mn, comm::ReduceOp::kMin)->wait();
+  if (!mx.equal(mn)) {
+    throw std::runtime_error("initial parameters differ across ranks (checksums " +
+                             std::to_string(mn[0].item<double>()) + " vs " +
+                             std::to_string(mx[0].item<double>()) + ")");
+  }
+}
+
+json comm_delta(const comm::CommStats::Snapshot& before, const comm::CommStats::Snapshot& after) {
+  using K = comm::CollectiveKind;
+  auto kind = [&](K k) { return static_cast<int>(k); };
+  json j;
+  for (auto [k, name] : {std::pair{K::kAllGather, "all_gather"}, std::pair{K::kReduceScatter, "reduce_scatter"},
+                         std::pair{K::kAllReduce, "all_reduce"}, std::pair{K::kBroadcast, "broadcast"},
+                         std::pair{K::kBarrier, "barrier"}}) {
+    const auto& a = after[kind(k)];
+    const auto& b = before[kind(k)];
+    j[std::string(name) + "_bytes"] = a.bytes - b.bytes;
+    j[std::string(name) + "_calls"] = a.calls - b.calls;
+    j[std::string(name) + "_busy_s"] = a.busy_s - b.busy_s;
+  }
+  return j;
+}
+
+/// Mean loss over eval_batches global validation batches (collective; no grad).
+double evaluate(models::GPT& model, data::DistributedBatchSampler& val, int64_t batches,
+                int64_t micro, comm::ProcessGroup& group) {
+  at::NoGradGuard no_grad;
+  const int64_t T = val.seq_len();
+  double sum = 0.0;
+  int64_t count = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    at::Tensor batch = val.eval_batch(b);  // (G/N, T+1)
+    for (int64_t r = 0; r < batch.size(0); r += micro) {
+      at::Tensor mb = batch.slice(0, r, std::min(r + micro, batch.size(0)));
+      at::Tensor logits = fsdp::call(model, mb.slice(1, 0, T));
+      sum += models::gpt_loss(logits.to(at::kFloat), mb.slice(1, 1, T + 1)).item<double>();
+      ++count;
+    }
+  }
+  at::Tensor mean = at::tensor(std::vector<double>{sum / count}, at::kDouble);
+  group.all_reduce(mean, comm::ReduceOp::kAvg)->wait();
+  return mean.item<double>();
+}
+
+/// Gathers every rank's serialized trace to rank 0 (two all-gathers) and writes it there.
+void write_trace(const TraceRecorder& trace, const std::string& path, comm::ProcessGroup& group) {
+  std::string mine = trace.serialize();
+  const int n = group.size();
+  at::Tensor len = at::tensor(std::vector<int64_t>{static_cast<int64_t>(mine.size())}, at::kLong);
+  at::Tensor lens = at::zeros({n}, at::kLong);
+  group.all_gather_into_tensor(lens, len)->wait();
+  int64_t max_len = lens.max().item<int64_t>();
+  at::Tensor buf = at::zeros({max_len}, at::kByte);
+  std::memcpy(buf.data_ptr(), mine.data(), mine.size());
+  at::Tensor all = at::zeros({n * max_len}, at::kByte);
+  group.all_gather_into_tensor(all, buf)->wait();
+  if (group.rank() != 0) return;
+  std::vector<std::string> per_rank;
+  const char* base = static_cast<const char*>(all.data_ptr());
+  for (int r = 0; r < n; ++r) {
+    per_rank.emplace_back(base + r * max_len, static_cast<size_t>(lens[r].item<int64_t>()));
+  }
+  TraceRecorder::write_merged(path, per_rank);
+}
+
+int run(int argc, char** argv) {
+  // 1. Setup ----------------------------------------------------------------------------------------
+  std::shared_ptr<comm::MpiProcessGroup> group = comm::MpiProcessGroup::world();
+  accounting::install_counting_allocator();
+  const int rank = group->rank(), world = group->size();
+  int exit_code = 0;
+  std::optional<TrainConfig> parsed = parse_train_config(argc, argv, rank, &exit_code);
+  if (!parsed) return exit_code;
+  const TrainConfig cfg = *parsed;
+  Console console(rank, cfg.progress == "bar" ||
+                            (cfg.progress == "auto" && ::isatty(STDOUT_FILENO) != 0));
+  at::set_num_threads(cfg.threads);
+
+  // Batch geometry (rejected here, identically on every rank).
+  if (cfg.global_batch_size % world != 0) {
+    throw UsageError("--global-batch-size " + std::to_string(cfg.global_batch_size) +
+                     " is not divisible by the world size " + std::to_string(world));
+  }
+  const int64_t rows = cfg.global_batch_size / world;
+  const int64_t micro = cfg.micro_batch_size == 0 ? rows : cfg.micro_batch_size;
+  if (rows % micro != 0) {
+    throw UsageError("--micro-batch-size " + std::to_string(micro) + " does not divide the " +
+                     std::to_string(rows) + " sequences per rank (--global-batch-size " +
+                     std::to_string(cfg.global_batch_size) + " / " + std::to_string(world) +
+                     " ranks)");
+  }
+  const int64_t accum = rows / micro;
+  const int64_t T = cfg.seq_len;
+  FullyShardOptions fsdp_options = resolve_fsdp_options(cfg);
+  if (cfg.mixed_precision == "fp16") {
+    console.line("warning: --mixed-precision fp16 runs without a loss scaler (fsdp-cpp has none): "
+                 "small gradients may underflow; bf16 is the safe choice on CPU");
+  }
+
+  const std::string spm_path = cfg.data_dir + "/spm_" + std::to_string(cfg.vocab_size) + ".model";
+  if (!is_file(spm_path)) {
+    throw UsageError("no tokenizer at " + spm_path + ": run scripts/prepare_data.sh " +
+                     cfg.data_dir + " " + std::to_string(cfg.vocab_size));
+  }
+  data::Tokenizer tokenizer(spm_path);
+  Corpus corpus = load_corpus(cfg, tokenizer, *group, console);
+  data::DistributedBatchSampler train_sampler(corpus.train, cfg.global_batch_size, T, rank, world,
+                                              cfg.seed);
+  data::DistributedBatchSampler val_sampler(corpus.val, cfg.global_batch_size, T, rank, world,
+                                            cfg.seed);
+
+  // 2. Model -----------------------------------------------------------------------------------------
+  const models::GPTConfig mcfg = resolve_model(cfg, tokenizer.vocab_size());
+  torch::manual_seed(cfg.seed);
+  models::GPT model(mcfg);
+  check_identical_init(model, *group);
+  try {
+    fully_shard_tree(model.ptr(), group, wrap_by_type<models::BlockImpl>(), fsdp_options);
+  } catch (const fsdp::Error& e) {
+    throw UsageError(std::string("the FSDP engine rejected these settings: ") + e.what());
+  }
+  const int64_t num_params = mcfg.num_params();
+
+  // 3. Optimizer: AdamW on this rank's shards. Weight decay on the Linear weight matrices only.
+  std::vector<at::Tensor> decay, no_decay;
+  for (const auto& sp : sharded_parameters(model.ptr())) {
+    bool embedding = sp.name.rfind("wte.", 0) == 0 || sp.name.rfind("wpe.", 0) == 0;
+    (sp.tensor.dim() >= 2 && !embedding ? decay : no_decay).push_back(sp.tensor);
+  }
+  auto adamw = [&](double wd) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(cfg.lr).betas({cfg.beta1, cfg.beta2}).eps(1e-8).weight_decay(wd));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, adamw(cfg.weight_decay));
+  groups.emplace_back(no_decay, adamw(0.0));
+  torch::optim::AdamW optimizer(std::move(groups), torch::optim::AdamWOptions(cfg.lr));
+
+  JsonLines metrics(cfg.metrics, rank);
+  TraceRecorder trace(rank, !cfg.trace.empty());
+  json config_event = {
+      {"event", "config"},
+      {"model", cfg.model},
+      {"n_layer", mcfg.n_layer}, {"n_head", mcfg.n_head}, {"n_embd", mcfg.n_embd},
+      {"block_size", mcfg.block_size}, {"vocab_size", mcfg.vocab_size},
+      {"data", corpus.train_path}, {"val_data", corpus.val_path.empty() ? "last 5% of data" : corpus.val_path},
+      {"data_dir", cfg.data_dir}, {"tokenizer", spm_path},
+      {"train_tokens", corpus.train->size()}, {"val_tokens", corpus.val->size()},
+      {"strategy", to_string(fsdp_options.strategy)}, {"mixed_precision", cfg.mixed_precision},
+      {"threads", cfg.threads},
+      {"global_batch_size", cfg.global_batch_size}, {"micro_batch_size", micro},
+      {"accumulation_steps", accum}, {"seq_len", T}, {"tokens_per_step", cfg.global_batch_size * T},
+      {"steps", cfg.steps}, {"lr", cfg.lr}, {"min_lr", cfg.min_lr}, {"warmup_steps", cfg.warmup_steps},
+      {"weight_decay", cfg.weight_decay}, {"beta1", cfg.beta1}, {"beta2", cfg.beta2},
+      {"grad_clip", cfg.grad_clip}, {"seed", cfg.seed},
+      {"eval_every", cfg.eval_every}, {"eval_batches", cfg.eval_batches},
+      {"sample_tokens", cfg.sample_tokens}, {"sample_prompt", cfg.sample_prompt},
+      {"sample_temperature", cfg.sample_temperature}, {"sample_top_k", cfg.sample_top_k},
+      {"progress", cfg.progress}, {"metrics", cfg.metrics}, {"trace", cfg.trace},
+      {"config_file", cfg.config_file}, {"backend", group->backend_name()},
+      {"world_size", world}, {"num_params", num_params}};
+  metrics.write(config_event);
+  console.line("fsdp-train: " + cfg.model + " (" + human_count(static_cast<double>(num_params)) +
+               " params, " + std::to_string(mcfg.n_layer) + " FSDP block units + root) on " +
+               std::to_string(world) + " rank(s), " + to_string(fsdp_options.strategy) + ", " +
+               cfg.mixed_precision + "; " + human_count(static_cast<double>(corpus.train->size())) +
+               " train / " + human_count(static_cast<double>(corpus.val->size())) +
+               " val tokens; batch " + std::to_string(cfg.global_batch_size) + " x " +
+               std::to_string(T) + " tokens, " + std::to_string(accum) + " micro-batch(es) of " +
+               std::to_string(micro) + " per rank");
+
+  // 4. Training loop ---------------------------------------------------------------------------------
+  group->barrier()->wait();
+  trace.reset_origin();
+  const auto run_start = Clock::now();
+  double train_seconds = 0.0, last_loss = NAN, first_loss = NAN, last_val = NAN;
+  const double tokens_per_step = static_cast<double>(cfg.global_batch_size * T);
+  auto eval_now = [&](int64_t step) {
+    const double t0 = trace.now_us();
+    last_val = evaluate(model, val_sampler, cfg.eval_batches, micro, *group);
+    trace.add("eval", "compute", 0, t0, trace.now_us() - t0);
+    metrics.write({{"event", "eval"}, {"step", step}, {"val_loss", last_val}});
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "step %ld: val loss %.4f", static_cast<long>(step), last_val);
+    console.line(buf);
+  };
+
+  for (int64_t step = 1; step <= cfg.steps; ++step) {
+    const double lr = lr_at(step, cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr);
+    for (auto& g : optimizer.param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+    }
+    at::Tensor batch = train_sampler.train_batch(step - 1);  // (G/N, T+1)
+
+    // Training part of the step (measured).
+    accounting::reset_peak_bytes();
+    const auto stats_before = group->stats().snapshot();
+    const auto t_step = Clock::now();
+    const double step_begin_us = trace.now_us();
+    double local_loss = 0.0;
+    for (int64_t k = 0; k < accum; ++k) {
+      set_requires_gradient_sync(model.ptr(), k == accum - 1);
+      at::Tensor mb = batch.slice(0, k * micro, (k + 1) * micro);  // (micro, T+1)
+      at::Tensor loss;
+      {
+        TraceScope s(trace, "forward mb" + std::to_string(k));
+        at::Tensor logits = fsdp::call(model, mb.slice(1, 0, T));  // (micro, T, V)
+        loss = models::gpt_loss(logits.to(at::kFloat), mb.slice(1, 1, T + 1));
+      }
+      {
+        TraceScope s(trace, "backward mb" + std::to_string(k));
+        (loss / static_cast<double>(accum)).backward();
+      }
+      local_loss += loss.item<double>() / static_cast<double>(accum);
+    }
+    double grad_norm;
+    accounting::ModelStateBytes state;
+    {
+      TraceScope s(trace, "optimizer step (clip + AdamW)");
+      grad_norm = clip_grad_norm(model.ptr(), cfg.grad_clip);
+      optimizer.step();
+      state = accounting::model_state_bytes(model.ptr(), &optimizer);
+      optimizer.zero_grad();
+    }
+    const double step_time = seconds_since(t_step);
+    const auto stats_after = group->stats().snapshot();
+    const int64_t peak = accounting::peak_bytes();
+    train_seconds += step_time;
+
+    // Reporting (collectives outside the measured part).
+    at::Tensor loss_t = at::tensor(std::vector<double>{local_loss}, at::kDouble);
+    group->all_reduce(loss_t, comm::ReduceOp::kAvg)->wait();
+    at::Tensor mem_t = at::tensor(std::vector<int64_t>{state.sharded_param_bytes,
+                                                       state.sharded_grad_bytes,
+                                                       state.optim_state_bytes, peak},
+                                  at::kLong);
+    group->all_reduce(mem_t, comm::ReduceOp::kMax)->wait();
+    last_loss = loss_t.item<double>();
+    if (step == 1) first_loss = last_loss;
+    json comm = comm_delta(stats_before, stats_after);
+    if (trace.enabled()) {
+      double at_us = step_begin_us;
+      for (const char* kind : {"all_gather", "reduce_scatter", "all_reduce"}) {
+        double busy_us = comm[std::string(kind) + "_busy_s"].get<double>() * 1e6;
+        if (busy_us <= 0.0) continue;
+        trace.add(std::string(kind) + " (busy, step " + std::to_string(step) + ")", "comm", 1,
+                  at_us, busy_us,
+                  {{"calls", comm[std::string(kind) + "_calls"]},
+                   {"bytes", comm[std::string(kind) + "_bytes"]}});
+        at_us += busy_us;
+      }
+    }
+    const int64_t* m = mem_t.data_ptr<int64_t>();
+    metrics.write({{"event", "step"},
+                   {"step", step},
+                   {"loss", last_loss},
+                   {"lr", lr},
+                   {"grad_norm", grad_norm},
+                   {"tokens", static_cast<int64_t>(tokens_per_step)},
+                   {"step_time_s", step_time},
+                   {"tokens_per_s", tokens_per_step / step_time},
+                   {"mem",
+                    {{"param_shard_bytes", m[0]},
+                     {"grad_shard_bytes", m[1]},
+                     {"optim_state_bytes", m[2]},
+                     {"peak_bytes", m[3]}}},
+                   {"comm", comm}});
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  "step %ld/%ld | loss %.4f | lr %.2e | grad norm %.3f | %s tok/s | %.0f ms | "
+                  "mem/rank: state %s, peak %s",
+                  static_cast<long>(step), static_cast<long>(cfg.steps), last_loss, lr, grad_norm,
+                  human_count(tokens_per_step / step_time).c_str(), step_time * 1e3,
+                  human_bytes(static_cast<double>(m[0] + m[1] + m[2])).c_str(),
+                  human_bytes(static_cast<double>(m[3])).c_str());
+    console.progress(buf);
+
+    if ((cfg.eval_every > 0 && step % cfg.eval_every == 0) || step == cfg.steps) eval_now(step);
+  }
+
+  // 5. Sample and summary ---------------------------------------------------------------------------
+  if (cfg.sample_tokens > 0) {
+    const double t0 = trace.now_us();
+    std::vector<int32_t> prompt32 = tokenizer.encode(cfg.sample_prompt);
+    std::vector<int64_t> prompt(prompt32.begin(), prompt32.end());
+    std::vector<int64_t> out = model->generate(prompt, cfg.sample_tokens, cfg.sample_temperature,
+                                               cfg.sample_top_k, cfg.seed);
+    trace.add("generate", "compute", 0, t0, trace.now_us() - t0);
+    std::vector<int32_t> out32(prompt32);  // decode prompt + continuation together (spacing)
+    out32.insert(out32.end(), out.begin(), out.end());
+    console.line("sample (" + std::to_string(cfg.sample_tokens) + " tokens, temperature " +
+                 std::to_string(cfg.sample_temperature).substr(0, 4) + ", top-k " +
+                 std::to_string(cfg.sample_top_k) + "):\n" + tokenizer.decode(out32));
+  }
+  const double total_time = seconds_since(run_start);
+  const double mean_tps = tokens_per_step * static_cast<double>(cfg.steps) / train_seconds;
+  metrics.write({{"event", "end"},
+                 {"steps", cfg.steps},
+                 {"first_train_loss", first_loss},
+                 {"final_train_loss", last_loss},
+                 {"final_val_loss", last_val},
+                 {"total_time_s", total_time},
+                 {"train_time_s", train_seconds},
+                 {"mean_tokens_per_s", mean_tps}});
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "done: train loss %.4f -> %.4f, val loss %.4f, %.1f s total, %s tok/s mean",
+                first_loss, last_loss, last_val, total_time, human_count(mean_tps).c_str());
+  console.line(buf);
+  if (!cfg.trace.empty()) {
+    write_trace(trace, cfg.trace, *group);
+    console.line("trace written to " + cfg.trace);
+  }
+  group->barrier()->wait();
+  return 0;
+}
+
+}  // namespace
+}  // namespace fsdp::train
+
+int main(int argc, char** argv) {
+  int rank = 0, size = 1;
+  try {
+    return fsdp::train::run(argc, argv);
+  } catch (const fsdp::train::UsageError& e) {
+    // Every rank reaches the same verdict: rank 0 reports it, all exit cleanly.
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    int init = 0;
+    MPI_Initialized(&init);
+    if (init) {
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      MPI_Comm_size(MPI_COMM_WORLD, &size);
+    }
+    std::cerr << "fsdp-train [rank " << rank << "]: error: " << e.what() << std::endl;
+    // Peers may be blocked in a collective: abort the whole job instead of hanging.
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}

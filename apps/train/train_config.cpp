@@ -1,0 +1,195 @@
+#include "train/train_config.h"
+
+#include <CLI/CLI.hpp>
+#include <toml++/toml.h>
+
+#include <iostream>
+#include <sstream>
+#include <vector>
+
+namespace fsdp::train {
+
+namespace {
+
+// Turns the TOML file's top-level keys into "--key value" arguments (placed before the real command
+// line, so that a flag given there wins: every option keeps its last value).
+std::vector<std::string> config_file_args(const std::string& path, CLI::App& app) {
+  toml::table table;
+  try {
+    table = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << "config file '" << path << "': " << e.description() << " at line "
+       << e.source().begin.line;
+    throw CLI::ValidationError("--config", os.str());
+  }
+  std::vector<std::string> args;
+  for (auto&& [key, node] : table) {
+    std::string name(key.str());
+    for (char& c : name) {
+      if (c == '_') c = '-';
+    }
+    CLI::Option* opt = app.get_option_no_throw("--" + name);
+    if (opt == nullptr || name == "config" || name == "help") {
+      throw CLI::ValidationError("--config", "config file '" + path + "': unknown key '" +
+                                                 std::string(key.str()) +
+                                                 "' (keys are the long flag names, see --help)");
+    }
+    std::string value;
+    if (auto s = node.value<std::string>(); s && node.is_string()) {
+      value = *s;
+    } else if (node.is_integer()) {
+      value = std::to_string(*node.value<int64_t>());
+    } else if (node.is_floating_point()) {
+      std::ostringstream os;
+      os.precision(17);
+      os << *node.value<double>();
+      value = os.str();
+    } else if (node.is_boolean()) {
+      value = *node.value<bool>() ? "true" : "false";
+    } else {
+      throw CLI::ValidationError("--config", "config file '" + path + "': key '" +
+                                                 std::string(key.str()) +
+                                                 "' must be a string, number or boolean");
+    }
+    args.push_back("--" + name);
+    args.push_back(value);
+  }
+  return args;
+}
+
+std::string find_config_flag(int argc, char** argv) {
+  std::string path;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--config" && i + 1 < argc) path = argv[i + 1];
+    if (a.rfind("--config=", 0) == 0) path = a.substr(9);
+  }
+  return path;
+}
+
+}  // namespace
+
+std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, int* exit_code) {
+  TrainConfig c;
+  CLI::App app{
+      "fsdp-train: trains a GPT-2-style model with Fully Sharded Data Parallel over MPI.\n"
+      "Launch: mpirun -n N fsdp-train [flags]. Rank 0 prints; every rank runs the same flags."};
+  app.option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeLast);
+  auto positive = CLI::PositiveNumber;
+  auto non_negative = CLI::NonNegativeNumber;
+
+  // Model
+  app.add_option("--model", c.model, "Model preset")
+      ->check(CLI::IsMember({"nano", "micro", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}))
+      ->group("Model");
+  app.add_option("--n-layer", c.n_layer, "Override the preset's number of blocks (0: keep)")
+      ->check(non_negative)->group("Model");
+  app.add_option("--n-head", c.n_head, "Override the preset's attention heads (0: keep)")
+      ->check(non_negative)->group("Model");
+  app.add_option("--n-embd", c.n_embd, "Override the preset's width in channels (0: keep)")
+      ->check(non_negative)->group("Model");
+  app.add_option("--block-size", c.block_size,
+                 "Override the preset's context length in tokens (0: keep)")
+      ->check(non_negative)->group("Model");
+  // Data
+  app.add_option("--data-dir", c.data_dir,
+                 "Folder prepared by scripts/prepare_data.sh (tokenizer spm_<vocab>.model, corpus/)")
+      ->group("Data");
+  app.add_option("--data", c.data,
+                 "Training text: a folder holding train.txt and val.txt, or one text file whose "
+                 "last 5% of tokens is the validation set (default: <data-dir>/corpus)")
+      ->group("Data");
+  app.add_option("--vocab-size", c.vocab_size,
+                 "Tokenizer vocabulary size in tokens: selects <data-dir>/spm_<vocab>.model")
+      ->check(positive)->group("Data");
+  // Parallelism
+  app.add_option("--strategy", c.strategy,
+                 "Sharding strategy: full_shard, shard_grad_op, no_shard, hybrid_shard, zero1 "
+                 "(the ones this build does not implement are rejected)")
+      ->group("Parallelism");
+  app.add_option("--mixed-precision", c.mixed_precision,
+                 "Unsharded param and gradient-reduction dtype (master weights and optimizer state "
+                 "stay fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->group("Parallelism");
+  app.add_option("--threads", c.threads, "Intra-op CPU threads per rank (at::set_num_threads)")
+      ->check(positive)->group("Parallelism");
+  // Optimisation
+  app.add_option("--global-batch-size", c.global_batch_size,
+                 "Sequences per optimizer step, all ranks together (divisible by the world size)")
+      ->check(positive)->group("Optimisation");
+  app.add_option("--micro-batch-size", c.micro_batch_size,
+                 "Sequences per forward/backward per rank; gradient accumulation steps = "
+                 "G / (N * micro). 0: G/N (no accumulation)")
+      ->check(non_negative)->group("Optimisation");
+  app.add_option("--seq-len", c.seq_len, "Tokens per training sequence (<= context length)")
+      ->check(positive)->group("Optimisation");
+  app.add_option("--steps", c.steps, "Optimizer steps")->check(positive)->group("Optimisation");
+  app.add_option("--lr", c.lr, "Peak learning rate (AdamW)")->check(positive)->group("Optimisation");
+  app.add_option("--min-lr", c.min_lr, "Learning rate at the end of the cosine decay")
+      ->check(non_negative)->group("Optimisation");
+  app.add_option("--warmup-steps", c.warmup_steps,
+                 "Steps of linear warmup from lr/warmup to lr, then cosine decay to --min-lr")
+      ->check(non_negative)->group("Optimisation");
+  app.add_option("--weight-decay", c.weight_decay,
+                 "AdamW decoupled weight decay, applied to the Linear weight matrices only (not to "
+                 "biases, LayerNorm weights or the token/position embeddings)")
+      ->check(non_negative)->group("Optimisation");
+  app.add_option("--beta1", c.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0))->group("Optimisation");
+  app.add_option("--beta2", c.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0))->group("Optimisation");
+  app.add_option("--grad-clip", c.grad_clip,
+                 "Max global L2 norm of the gradient (fsdp::clip_grad_norm); 0: no clipping")
+      ->check(non_negative)->group("Optimisation");
+  app.add_option("--seed", c.seed, "Seed of model init, data order and sampling")
+      ->group("Optimisation");
+  // Evaluation and output
+  app.add_option("--eval-every", c.eval_every,
+                 "Steps between validation passes (0: only after the last step)")
+      ->check(non_negative)->group("Output");
+  app.add_option("--eval-batches", c.eval_batches, "Global batches per validation pass")
+      ->check(positive)->group("Output");
+  app.add_option("--sample-tokens", c.sample_tokens,
+                 "Tokens to generate after training from --sample-prompt (0: no sample)")
+      ->check(non_negative)->group("Output");
+  app.add_option("--sample-prompt", c.sample_prompt, "Prompt of the sample")->group("Output");
+  app.add_option("--sample-temperature", c.sample_temperature, "Sampling temperature (> 0)")
+      ->check(CLI::PositiveNumber)->group("Output");
+  app.add_option("--sample-top-k", c.sample_top_k, "Sample among the k most likely tokens (0: all)")
+      ->check(non_negative)->group("Output");
+  app.add_option("--progress", c.progress,
+                 "Console output of rank 0: 'bar' (one line updated in place), 'lines' (one line "
+                 "per step), 'auto' (bar when stdout is a terminal; note that mpirun gives ranks a "
+                 "pseudo-terminal even when its own output is redirected: use 'lines' for logs)")
+      ->check(CLI::IsMember({"auto", "bar", "lines"}))->group("Output");
+  app.add_option("--metrics", c.metrics,
+                 "Write JSON lines (config, step, eval, end events) to this path (rank 0)")
+      ->group("Output");
+  app.add_option("--trace", c.trace,
+                 "Write a Chrome trace (chrome://tracing, Perfetto) of all ranks to this path")
+      ->group("Output");
+  app.add_option("--config", c.config_file,
+                 "TOML file with the same keys as the long flags (e.g. global_batch_size = 32); "
+                 "flags on the command line override it")
+      ->group("Output");
+
+  try {
+    std::vector<std::string> file_args;
+    std::string config_path = find_config_flag(argc, argv);
+    if (!config_path.empty()) file_args = config_file_args(config_path, app);
+    std::vector<std::string> all{argv[0]};
+    all.insert(all.end(), file_args.begin(), file_args.end());
+    for (int i = 1; i < argc; ++i) all.emplace_back(argv[i]);
+    std::vector<char*> ptrs;
+    for (auto& s : all) ptrs.push_back(s.data());
+    app.parse(static_cast<int>(ptrs.size()), ptrs.data());
+    if (c.min_lr > c.lr) throw CLI::ValidationError("--min-lr", "must not exceed --lr");
+  } catch (const CLI::ParseError& e) {
+    std::ostringstream null_out, null_err;
+    *exit_code = rank == 0 ? app.exit(e) : app.exit(e, null_out, null_err);
+    return std::nullopt;
+  }
+  return c;
+}
+
+}  // namespace fsdp::train

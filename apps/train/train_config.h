@@ -1,0 +1,59 @@
+// TrainConfig: every setting of fsdp-train, from command-line flags and an optional TOML file.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace fsdp::train {
+
+/// Resolved settings of one fsdp-train run. Defaults here are the flag defaults.
+struct TrainConfig {
+  // Model
+  std::string model = "nano";  ///< preset name (models/gpt.h)
+  int64_t n_layer = 0;         ///< overrides of the preset; 0 keeps the preset's value
+  int64_t n_head = 0;
+  int64_t n_embd = 0;
+  int64_t block_size = 0;
+  // Data
+  std::string data_dir = "./data";  ///< holds spm_<vocab>.model and corpus/
+  std::string data;                 ///< text file or folder with train.txt + val.txt; "" = data_dir/corpus
+  int64_t vocab_size = 8192;        ///< selects data_dir/spm_<vocab_size>.model
+  // Parallelism
+  std::string strategy = "full_shard";
+  std::string mixed_precision = "fp32";  ///< fp32 | bf16 | fp16
+  int threads = 1;                       ///< intra-op threads per rank
+  // Optimisation
+  int64_t global_batch_size = 32;  ///< sequences per optimizer step, all ranks together
+  int64_t micro_batch_size = 0;    ///< sequences per forward per rank; 0 = G/N (no accumulation)
+  int64_t seq_len = 128;           ///< tokens per sequence
+  int64_t steps = 200;
+  double lr = 3e-3;
+  double min_lr = 3e-4;
+  int64_t warmup_steps = 20;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double grad_clip = 1.0;  ///< max global grad norm; 0 disables clipping (the norm is still reported)
+  uint64_t seed = 1337;
+  // Evaluation and output
+  int64_t eval_every = 50;   ///< steps between validation passes; 0 = only at the end
+  int64_t eval_batches = 4;  ///< global batches per validation pass
+  int64_t sample_tokens = 0;
+  double sample_temperature = 0.8;
+  int64_t sample_top_k = 40;
+  std::string sample_prompt = "And it came to pass";
+  std::string progress = "auto";  ///< auto (bar when stdout is a terminal) | bar | lines
+  std::string metrics;  ///< JSON-lines path (rank 0)
+  std::string trace;    ///< Chrome trace path
+  std::string config_file;
+};
+
+/// Parses argv (and the TOML file named by --config, whose keys are the long flag names with '-' or
+/// '_'; flags given on the command line override the file). Returns the config, or std::nullopt
+/// with *exit_code set when the program should exit now (--help: 0; a bad flag, value or file: 2).
+/// Only rank 0 prints help and errors. Checks values that need no other context (positive sizes,
+/// known choices); the rest (divisibility by the world size, strategy support) is checked later.
+std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, int* exit_code);
+
+}  // namespace fsdp::train
