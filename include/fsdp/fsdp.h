@@ -9,4 +9,5 @@
 #include "fsdp/optim/clip.h"
 #include "fsdp/runtime/fully_shard.h"
 #include "fsdp/runtime/options.h"
+#include "fsdp/runtime/state_dict.h"
 #include "fsdp/shard/layout.h"

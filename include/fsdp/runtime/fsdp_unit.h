@@ -5,6 +5,7 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,8 @@ enum class TrainingState { kIdle, kForward, kPreBackward, kPostBackward };
 enum class ShardedState { kSharded, kUnsharding, kUnsharded };
 const char* to_string(TrainingState s);
 const char* to_string(ShardedState s);
+inline std::ostream& operator<<(std::ostream& os, TrainingState s) { return os << to_string(s); }
+inline std::ostream& operator<<(std::ostream& os, ShardedState s) { return os << to_string(s); }
 
 struct RootContext;
 

@@ -44,8 +44,9 @@ struct FullyShardOptions {
   /// (its params are needed first in backward), but always after a no-grad forward.
   std::optional<bool> reshard_after_forward;
   MixedPrecisionPolicy mixed_precision;
-  /// Issue the next unit's all-gather (in last iteration's forward order) at each pre-forward.
-  bool forward_prefetch = true;
+  /// Issue the next unit's all-gather (in the last forward's order) at each pre-forward. Off by
+  /// default as in PyTorch FSDP2 (one gathered unit at a time in forward); fsdp-train turns it on.
+  bool forward_prefetch = false;
   /// Issue the previous unit's all-gather (reverse forward order) at each pre-backward.
   bool backward_prefetch = true;
   /// Upper bound on units of one tree holding unsharded params at once, prefetched ones included;

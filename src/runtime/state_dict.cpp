@@ -1,0 +1,69 @@
+#include "fsdp/runtime/state_dict.h"
+
+#include <ATen/ATen.h>
+
+#include <set>
+
+#include "fsdp/common/check.h"
+#include "fsdp/runtime/fully_shard.h"
+
+namespace fsdp {
+
+at::Tensor gather_full_tensor(FSDPUnit& unit, const FSDPParam& p, bool grad) {
+  at::NoGradGuard no_grad;
+  auto& g = *unit.group();
+  const auto& s = p.spec;
+  const int64_t rows = s.real_rows(g.rank());
+  at::Tensor src = grad ? p.sharded_param.grad() : p.sharded_param;
+  at::Tensor has = at::tensor({static_cast<int64_t>(src.defined())}, at::kLong);
+  if (grad) {
+    g.all_reduce(has, comm::ReduceOp::kMax)->wait();
+    if (has.item<int64_t>() == 0) return at::Tensor();
+  }
+  at::Tensor shard = at::zeros({s.rows_per_rank, s.row_numel}, p.sharded_param.options());
+  if (src.defined() && rows > 0) shard.narrow(0, 0, rows).copy_(src.reshape({rows, s.row_numel}));
+  at::Tensor full = at::empty({s.world_size * s.rows_per_rank, s.row_numel}, shard.options());
+  g.all_gather_into_tensor(full, shard)->wait();
+  return full.narrow(0, 0, s.dim0).reshape(p.shape).clone();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> full_state_dict(
+    const std::shared_ptr<torch::nn::Module>& root) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& sp : sharded_parameters(root)) {
+    out.emplace_back(sp.name, gather_full_tensor(*sp.unit, *sp.param, false));
+  }
+  return out;
+}
+
+void load_full_state_dict(const std::shared_ptr<torch::nn::Module>& root,
+                          const std::map<std::string, at::Tensor>& state) {
+  auto params = sharded_parameters(root);
+  std::set<std::string> expected;
+  for (const auto& sp : params) {
+    const int rank = sp.unit->group()->rank();
+    auto it = state.find(sp.name);
+    FSDP_CHECK(it != state.end(), "[fsdp rank ", rank, "] load_full_state_dict: missing parameter '",
+               sp.name, "' (unit '", sp.unit->name(), "')");
+    FSDP_CHECK(it->second.sizes().vec() == sp.param->shape, "[fsdp rank ", rank,
+               "] load_full_state_dict: parameter '", sp.name, "' has shape ",
+               it->second.sizes(), " in the state dict, expected ",
+               shard::shape_to_string(sp.param->shape));
+    expected.insert(sp.name);
+  }
+  for (const auto& kv : state) {
+    FSDP_CHECK(expected.count(kv.first), "[fsdp] load_full_state_dict: unexpected parameter '",
+               kv.first, "' (not in the model)");
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& sp : params) {
+    const auto& s = sp.param->spec;
+    const int64_t rank = sp.unit->group()->rank();
+    const int64_t rows = s.real_rows(rank);
+    if (rows == 0) continue;
+    at::Tensor full = state.at(sp.name).reshape({s.dim0, s.row_numel});
+    sp.tensor.view({rows, s.row_numel}).copy_(full.narrow(0, s.row_offset(rank), rows));
+  }
+}
+
+}  // namespace fsdp
