@@ -8,6 +8,8 @@
 #include <sentencepiece_trainer.h>
 #include <torch/utils.h>
 
+#include <thread>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +21,8 @@
 #include "data/batch_sampler.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
+#include "fsdp/comm/threaded_process_group.h"
+#include "fsdp/runtime/fully_shard.h"
 #include "models/gpt.h"
 
 namespace {
@@ -187,6 +191,48 @@ TEST(GPT, PresetsAndGenerate) {
   auto b = model->generate({1, 2, 3}, 40, 1.0, 10, 99);
   EXPECT_EQ(a.size(), 40u);
   EXPECT_EQ(a, b);
+}
+
+// The blocks as FSDP units over 2 in-process ranks: logits and samples equal the unsharded model's.
+TEST(GPT, ShardedForwardAndGenerateMatchUnsharded) {
+  auto cfg = tiny_config();
+  torch::manual_seed(5);
+  fsdp::models::GPT reference(cfg);
+  std::vector<fsdp::models::GPT> models;
+  for (int r = 0; r < 2; ++r) {
+    torch::manual_seed(5);
+    models.emplace_back(cfg);
+  }
+  at::Tensor idx = at::randint(0, cfg.vocab_size, {2, 16}, at::kLong);
+  at::Tensor expected = reference->forward(idx);
+  auto expected_sample = reference->generate({4, 5, 6}, 8, 1.0, 5, 11);
+  auto groups = fsdp::comm::ThreadedProcessGroup::create_world(2);
+  std::vector<at::Tensor> logits(2);
+  std::vector<std::vector<int64_t>> samples(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fsdp::fully_shard_tree(models[r].ptr(), groups[r],
+                               fsdp::wrap_by_type<fsdp::models::BlockImpl>());
+        {
+          at::NoGradGuard no_grad;
+          logits[r] = fsdp::call(models[r], idx);
+        }
+        samples[r] = models[r]->generate({4, 5, 6}, 8, 1.0, 5, 11);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    double err = (logits[r] - expected).abs().max().item<double>();
+    EXPECT_LT(err, 1e-5) << "rank " << r << " logits max abs error " << err;
+    EXPECT_EQ(samples[r], expected_sample) << "rank " << r;
+  }
 }
 
 }  // namespace
