@@ -87,6 +87,7 @@ void ProcessGroup::worker_loop() {
     } catch (...) {
       err = std::current_exception();
     }
+    op.fn = nullptr;  // release the op's tensors before signalling completion
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (op.counted) stats_->record_time(op.kind, dt);
     op.work->finish(err, dt);

@@ -9,15 +9,22 @@
 namespace fsdp {
 namespace {
 
-// Module -> unit registry (libtorch modules have no slot for user state). Keyed by address; a unit
-// holds its module weakly, and entries whose module died are dropped (so a new module at a reused
-// address is never mistaken for the old one).
+// [Note: unit ownership] libtorch modules have no slot for user state. The unit is owned by a
+// parameterless child module "_fsdp_state" registered on the wrapped module, so it is freed with
+// the module; this registry maps module address -> unit weakly for fsdp::call's lookup, and an
+// expired entry is never confused with a new module at a reused address.
 struct Registry {
   std::mutex mu;
-  std::unordered_map<const torch::nn::Module*, std::shared_ptr<FSDPUnit>> units;
+  std::unordered_map<const torch::nn::Module*, std::weak_ptr<FSDPUnit>> units;
   // parameter TensorImpl -> owning unit (to reject params shared across units)
-  std::unordered_map<const c10::TensorImpl*, FSDPUnit*> param_owner;
+  std::unordered_map<const c10::TensorImpl*, std::weak_ptr<FSDPUnit>> param_owner;
 };
+
+struct UnitHolderImpl : torch::nn::Module {
+  explicit UnitHolderImpl(std::shared_ptr<FSDPUnit> u) : torch::nn::Module("FSDPState"), unit(std::move(u)) {}
+  std::shared_ptr<FSDPUnit> unit;
+};
+constexpr const char* kStateChildName = "_fsdp_state";
 
 Registry& registry() {
   static Registry r;
@@ -29,6 +36,7 @@ Registry& registry() {
 void collect_params(torch::nn::Module& m, const std::string& prefix, bool is_top,
                     std::unordered_set<const c10::TensorImpl*>& seen, std::vector<FSDPParam>& out) {
   if (!is_top && find_unit(&m)) return;  // owned by a nested unit
+  if (dynamic_cast<UnitHolderImpl*>(&m)) return;
   for (const auto& item : m.named_parameters(/*recurse=*/false)) {
     const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
     if (!seen.insert(impl).second) continue;
@@ -36,8 +44,9 @@ void collect_params(torch::nn::Module& m, const std::string& prefix, bool is_top
       auto& reg = registry();
       std::lock_guard<std::mutex> lock(reg.mu);
       auto it = reg.param_owner.find(impl);
-      FSDP_CHECK(it == reg.param_owner.end(), "[fsdp] fully_shard: parameter '", prefix, item.key(),
-                 "' is already managed by unit '", it == reg.param_owner.end() ? "" : it->second->name(),
+      std::shared_ptr<FSDPUnit> owner = it == reg.param_owner.end() ? nullptr : it->second.lock();
+      FSDP_CHECK(owner == nullptr, "[fsdp] fully_shard: parameter '", prefix, item.key(),
+                 "' is already managed by unit '", owner ? owner->name() : "",
                  "'; a parameter shared by two modules must live in one unit (wrap their common "
                  "parent)");
     }
@@ -68,26 +77,25 @@ std::shared_ptr<FSDPUnit> fully_shard_named(std::shared_ptr<torch::nn::Module> m
   FSDP_CHECK(!find_unit(module.get()), "[fsdp] fully_shard: module '", name,
              "' is already an FSDP unit");
   {
-    // Drop units whose module died (frees their shards).
+    // Drop entries of units that died with their modules.
     auto& reg = registry();
     std::lock_guard<std::mutex> lock(reg.mu);
     for (auto it = reg.units.begin(); it != reg.units.end();) {
-      it = it->second->module_alive() ? std::next(it) : reg.units.erase(it);
+      it = it->second.expired() ? reg.units.erase(it) : std::next(it);
     }
     for (auto it = reg.param_owner.begin(); it != reg.param_owner.end();) {
-      bool alive = false;
-      for (const auto& kv : reg.units) alive = alive || kv.second.get() == it->second;
-      it = alive ? std::next(it) : reg.param_owner.erase(it);
+      it = it->second.expired() ? reg.param_owner.erase(it) : std::next(it);
     }
   }
   std::unordered_set<const c10::TensorImpl*> seen;
   std::vector<FSDPParam> params;
   collect_params(*module, "", true, seen, params);
   auto unit = std::make_shared<FSDPUnit>(module, name, std::move(group), options, std::move(params));
+  module->register_module(kStateChildName, std::make_shared<UnitHolderImpl>(unit));
   auto& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
   reg.units[module.get()] = unit;
-  for (const auto& p : unit->params()) reg.param_owner[p.module_param.unsafeGetTensorImpl()] = unit.get();
+  for (const auto& p : unit->params()) reg.param_owner[p.module_param.unsafeGetTensorImpl()] = unit;
   return unit;
 }
 
@@ -114,6 +122,7 @@ std::shared_ptr<FSDPUnit> fully_shard_tree(std::shared_ptr<torch::nn::Module> ro
   std::function<void(const std::shared_ptr<torch::nn::Module>&, const std::string&)> visit =
       [&](const std::shared_ptr<torch::nn::Module>& m, const std::string& qn) {
         for (const auto& child : m->named_children()) {
+          if (dynamic_cast<UnitHolderImpl*>(child.value().get())) continue;
           std::string cq = qn.empty() ? child.key() : qn + "." + child.key();
           visit(child.value(), cq);
           if (!find_unit(child.value().get()) && policy(cq, *child.value())) {
@@ -130,11 +139,12 @@ std::shared_ptr<FSDPUnit> find_unit(const torch::nn::Module* module) {
   std::lock_guard<std::mutex> lock(reg.mu);
   auto it = reg.units.find(module);
   if (it == reg.units.end()) return nullptr;
-  if (!it->second->module_alive()) {
+  auto unit = it->second.lock();
+  if (!unit || !unit->module_alive()) {
     reg.units.erase(it);
     return nullptr;
   }
-  return it->second;
+  return unit;
 }
 
 std::vector<std::shared_ptr<FSDPUnit>> units_of(const std::shared_ptr<torch::nn::Module>& root) {

@@ -60,7 +60,10 @@ TORCH_MODULE(Chain);
 struct TinyBlockImpl : torch::nn::Module {
   TinyBlockImpl(int64_t d, int64_t heads) : heads(heads) {
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    qkv = register_module("qkv", torch::nn::Linear(d, 3 * d));
+    // No qkv bias: the key bias gets an exactly-zero gradient (softmax is shift invariant), so its
+    // rounding noise would be amplified by Adam's normalisation in any two runs that sum in a
+    // different order, sharded or not.
+    qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(d, 3 * d).bias(false)));
     proj = register_module("proj", torch::nn::Linear(d, d));
     ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
     fc = register_module("fc", torch::nn::Linear(d, 4 * d));

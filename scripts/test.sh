@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Sets up (installs what is missing), builds, and runs the whole test suite through ctest:
+# tiers unit, dist (threaded in-process ranks), mpi (mpirun -n 1..4), and the app tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh
+# One rank per process, one intra-op thread per rank: the tests oversubscribe 2 cores with 4 ranks.
+export OMP_NUM_THREADS=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+cd build
+ctest --output-on-failure --timeout 900 "$@"
