@@ -19,6 +19,6 @@ scripts/prepare_data.sh "$DATA_DIR"
 mkdir -p out
 exec mpirun --allow-run-as-root --oversubscribe -n "$NP" build/bin/fsdp-train \
   --data-dir "$DATA_DIR" --model nano --strategy full_shard \
-  --global-batch-size 32 --seq-len 128 --steps 150 --lr 3e-3 --min-lr 3e-4 --warmup-steps 10 \
+  --global-batch-size 32 --seq-len 128 --steps 250 --lr 3e-3 --min-lr 3e-4 --warmup-steps 10 \
   --eval-every 50 --eval-batches 4 --threads 1 --sample-tokens 120 \
   --metrics out/metrics.jsonl "$@"
