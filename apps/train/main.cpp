@@ -38,6 +38,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -313,6 +314,9 @@ int run(int argc, char** argv) {
 
   JsonLines metrics(cfg.metrics, rank);
   TraceRecorder trace(rank, !cfg.trace.empty());
+  if (rank == 0 && !cfg.trace.empty() && !std::ofstream(cfg.trace, std::ios::trunc)) {
+    throw std::runtime_error("cannot open trace file '" + cfg.trace + "' for writing");
+  }
   json config_event = {
       {"event", "config"},
       {"model", cfg.model},
