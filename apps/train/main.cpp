@@ -53,6 +53,14 @@
 #include "train/reporting.h"
 #include "train/train_config.h"
 
+// fp16 needs dynamic loss scaling; builds of fsdp-cpp without fsdp::GradScaler reject fp16.
+#if __has_include("fsdp/precision/grad_scaler.h")
+#include "fsdp/precision/grad_scaler.h"
+#define FSDP_TRAIN_HAS_GRAD_SCALER 1
+#else
+#define FSDP_TRAIN_HAS_GRAD_SCALER 0
+#endif
+
 namespace fsdp::train {
 namespace {
 
@@ -197,6 +205,63 @@ json comm_delta(const comm::CommStats::Snapshot& before, const comm::CommStats::
   return j;
 }
 
+/// Dynamic loss scaling for fp16 (fsdp::GradScaler); a pass-through for fp32 / bf16.
+class LossScaling {
+ public:
+  explicit LossScaling(bool enabled) {
+#if FSDP_TRAIN_HAS_GRAD_SCALER
+    if (enabled) scaler_.emplace();
+#else
+    if (enabled) {
+      throw UsageError("--mixed-precision fp16 needs loss scaling, and this build of fsdp-cpp has no "
+                       "fsdp::GradScaler: use bf16 or fp32");
+    }
+#endif
+  }
+  bool enabled() const {
+#if FSDP_TRAIN_HAS_GRAD_SCALER
+    return scaler_.has_value();
+#else
+    return false;
+#endif
+  }
+  at::Tensor scale(const at::Tensor& loss) const {
+#if FSDP_TRAIN_HAS_GRAD_SCALER
+    if (scaler_) return scaler_->scale(loss);
+#endif
+    return loss;
+  }
+  /// Unscales the sharded gradients (before clipping). Collective when enabled.
+  void unscale(const std::shared_ptr<torch::nn::Module>& model) {
+#if FSDP_TRAIN_HAS_GRAD_SCALER
+    if (scaler_) scaler_->unscale(model);
+#endif
+  }
+  /// optimizer.step() unless a rank found inf/NaN gradients; returns whether it stepped.
+  bool step(torch::optim::Optimizer& optimizer, const std::shared_ptr<torch::nn::Module>& model) {
+#if FSDP_TRAIN_HAS_GRAD_SCALER
+    if (scaler_) {
+      bool stepped = scaler_->step(optimizer, model);
+      scaler_->update();
+      return stepped;
+    }
+#endif
+    optimizer.step();
+    return true;
+  }
+  double current_scale() const {
+#if FSDP_TRAIN_HAS_GRAD_SCALER
+    if (scaler_) return scaler_->get_scale();
+#endif
+    return 1.0;
+  }
+
+ private:
+#if FSDP_TRAIN_HAS_GRAD_SCALER
+  std::optional<GradScaler> scaler_;
+#endif
+};
+
 /// Mean loss over eval_batches global validation batches (collective; no grad).
 double evaluate(models::GPT& model, data::DistributedBatchSampler& val, int64_t batches,
                 int64_t micro, comm::ProcessGroup& group) {
@@ -268,10 +333,7 @@ int run(int argc, char** argv) {
   const int64_t accum = rows / micro;
   const int64_t T = cfg.seq_len;
   FullyShardOptions fsdp_options = resolve_fsdp_options(cfg);
-  if (cfg.mixed_precision == "fp16") {
-    console.line("warning: --mixed-precision fp16 runs without a loss scaler (fsdp-cpp has none): "
-                 "small gradients may underflow; bf16 is the safe choice on CPU");
-  }
+  LossScaling loss_scaling(cfg.mixed_precision == "fp16");
 
   const std::string spm_path = cfg.data_dir + "/spm_" + std::to_string(cfg.vocab_size) + ".model";
   if (!is_file(spm_path)) {
@@ -388,16 +450,19 @@ int run(int argc, char** argv) {
       }
       {
         TraceScope s(trace, "backward mb" + std::to_string(k));
-        (loss / static_cast<double>(accum)).backward();
+        loss_scaling.scale(loss / static_cast<double>(accum)).backward();
       }
       local_loss += loss.item<double>() / static_cast<double>(accum);
     }
     double grad_norm;
+    bool stepped;
     accounting::ModelStateBytes state;
+    const double loss_scale = loss_scaling.current_scale();
     {
       TraceScope s(trace, "optimizer step (clip + AdamW)");
+      loss_scaling.unscale(model.ptr());
       grad_norm = clip_grad_norm(model.ptr(), cfg.grad_clip);
-      optimizer.step();
+      stepped = loss_scaling.step(optimizer, model.ptr());
       state = accounting::model_state_bytes(model.ptr(), &optimizer);
       optimizer.zero_grad();
     }
@@ -430,7 +495,7 @@ int run(int argc, char** argv) {
       }
     }
     const int64_t* m = mem_t.data_ptr<int64_t>();
-    metrics.write({{"event", "step"},
+    json step_event = {{"event", "step"},
                    {"step", step},
                    {"loss", last_loss},
                    {"lr", lr},
@@ -443,7 +508,12 @@ int run(int argc, char** argv) {
                      {"grad_shard_bytes", m[1]},
                      {"optim_state_bytes", m[2]},
                      {"peak_bytes", m[3]}}},
-                   {"comm", comm}});
+                   {"comm", comm}};
+    if (loss_scaling.enabled()) {
+      step_event["loss_scale"] = loss_scale;  // the scale this step's backward used
+      step_event["optimizer_stepped"] = stepped;  // false: inf/NaN gradients, step skipped
+    }
+    metrics.write(step_event);
     char buf[256];
     std::snprintf(buf, sizeof(buf),
                   "step %ld/%ld | loss %.4f | lr %.2e | grad norm %.3f | %s tok/s | %.0f ms | "
