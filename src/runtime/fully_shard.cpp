@@ -90,6 +90,16 @@ std::shared_ptr<FSDPUnit> fully_shard_named(std::shared_ptr<torch::nn::Module> m
   std::unordered_set<const c10::TensorImpl*> seen;
   std::vector<FSDPParam> params;
   collect_params(*module, "", true, seen, params);
+  if (auto dtype = options.mixed_precision.buffer_dtype) {
+    std::function<void(torch::nn::Module&, bool)> cast = [&](torch::nn::Module& m, bool top) {
+      if (!top && find_unit(&m)) return;
+      for (auto& b : m.buffers(/*recurse=*/false)) {
+        if (at::isFloatingType(b.scalar_type())) b.set_data(b.detach().to(*dtype));
+      }
+      for (const auto& c : m.children()) cast(*c, false);
+    };
+    cast(*module, true);
+  }
   auto unit = std::make_shared<FSDPUnit>(module, name, std::move(group), options, std::move(params));
   module->register_module(kStateChildName, std::make_shared<UnitHolderImpl>(unit));
   auto& reg = registry();
@@ -116,7 +126,8 @@ WrapPolicy wrap_by_min_numel(int64_t min_numel) {
 
 std::shared_ptr<FSDPUnit> fully_shard_tree(std::shared_ptr<torch::nn::Module> root,
                                            comm::ProcessGroupPtr group, const WrapPolicy& policy,
-                                           const FullyShardOptions& options) {
+                                           const FullyShardOptions& options,
+                                           const std::optional<FullyShardOptions>& root_options) {
   FSDP_CHECK(root != nullptr, "[fsdp] fully_shard_tree: root module is null");
   // Children first (post-order) so that each unit owns only what no nested unit owns.
   std::function<void(const std::shared_ptr<torch::nn::Module>&, const std::string&)> visit =
@@ -131,7 +142,7 @@ std::shared_ptr<FSDPUnit> fully_shard_tree(std::shared_ptr<torch::nn::Module> ro
         }
       };
   visit(root, "");
-  return fully_shard_named(root, "root", group, options);
+  return fully_shard_named(root, "root", group, root_options.value_or(options));
 }
 
 std::shared_ptr<FSDPUnit> find_unit(const torch::nn::Module* module) {

@@ -5,6 +5,7 @@
 #include <torch/nn/module.h>
 
 #include <functional>
+#include <optional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -50,10 +51,13 @@ WrapPolicy wrap_by_type() {
 WrapPolicy wrap_by_min_numel(int64_t min_numel);
 
 /// Applies fully_shard bottom-up to every proper submodule of root selected by policy (children
-/// before parents), then to root. Returns the root unit. Same collective rules as fully_shard.
+/// before parents) with `options`, then to root with `root_options` (default: `options`; e.g. a
+/// root with mixed_precision.output_dtype = fp32 for the loss). Returns the root unit. Same
+/// collective rules as fully_shard.
 std::shared_ptr<FSDPUnit> fully_shard_tree(std::shared_ptr<torch::nn::Module> root,
                                            comm::ProcessGroupPtr group, const WrapPolicy& policy,
-                                           const FullyShardOptions& options = {});
+                                           const FullyShardOptions& options = {},
+                                           const std::optional<FullyShardOptions>& root_options = std::nullopt);
 
 /// The unit that wraps exactly this module, or nullptr.
 std::shared_ptr<FSDPUnit> find_unit(const torch::nn::Module* module);

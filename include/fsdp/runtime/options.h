@@ -34,6 +34,9 @@ struct MixedPrecisionPolicy {
   std::optional<c10::ScalarType> output_dtype;
   /// Cast the unit's floating-point tensor inputs to param_dtype before forward.
   bool cast_forward_inputs = true;
+  /// Buffers (running statistics and other non-parameter state) keep their dtype unless this is
+  /// set; then the unit's floating-point buffers are cast to it once, at fully_shard time.
+  std::optional<c10::ScalarType> buffer_dtype;
 };
 
 /// Options of one fully_shard call.

@@ -1,0 +1,123 @@
+// export_full / import_full: a torch.load-able Dict[str, Tensor].
+#include "fsdp/checkpoint/export.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/Dict.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/serialize.h>
+
+#include <map>
+#include <set>
+
+#include "agreement.h"
+#include "fsdp/common/check.h"
+#include "fsdp/runtime/fully_shard.h"
+#include "fsdp/runtime/state_dict.h"
+#include "io.h"
+
+namespace fsdp::checkpoint {
+
+namespace {
+
+// torch::pickle_save, without the type tags of typed containers (tag_aggregates = false): Python's
+// torch.load(weights_only=True) refuses the torch.jit._pickle.restore_type_tag global that
+// pickle_save emits for a c10::Dict<std::string, at::Tensor>.
+std::string pickle_untagged(const c10::Dict<std::string, at::Tensor>& dict) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* p, size_t n) { pickle.insert(pickle.end(), p, p + n); },
+                              nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(dict));
+  pickler.stop();
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* p, size_t n) -> size_t {
+    out.append(static_cast<const char*>(p), n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+  return out;
+}
+
+}  // namespace
+
+void export_full(const std::string& path, const std::shared_ptr<torch::nn::Module>& root,
+                 const comm::ProcessGroupPtr& group) {
+  FSDP_CHECK(group, "[fsdp] export_full: null process group");
+  const int rank = group->rank();
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& sp : sharded_parameters(root)) {
+    at::Tensor full = gather_full_tensor(*sp.unit, *sp.param, /*grad=*/false);  // collective
+    if (rank == 0) dict.insert(sp.name, full.to(at::kCPU));
+  }
+  Agreement agree(*group, "export_full '" + path + "'");
+  agree.run("writing", [&] {
+    if (rank != 0) return;
+    for (const auto& kv : root->named_buffers(/*recurse=*/true)) {
+      if (kv.value().defined()) dict.insert(kv.key(), kv.value().detach().to(at::kCPU).clone());
+    }
+    io::atomic_write_file(path, pickle_untagged(dict), /*durable=*/true);
+  });
+}
+
+void import_full(const std::string& path, const std::shared_ptr<torch::nn::Module>& root,
+                 const comm::ProcessGroupPtr& group) {
+  FSDP_CHECK(group, "[fsdp] import_full: null process group");
+  const int rank = group->rank();
+  const std::string who = str_cat("[fsdp rank ", rank, "] import_full '", path, "'");
+  Agreement agree(*group, "import_full '" + path + "'");
+  std::map<std::string, at::Tensor> params, buffers;
+  agree.run("reading and validating", [&] {
+    std::string bytes = io::read_file(path);
+    c10::IValue v;
+    try {
+      v = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+    } catch (const std::exception& e) {
+      throw Error(str_cat(who, ": not a readable torch.save / pickle_save file: ", e.what()));
+    }
+    FSDP_CHECK(v.isGenericDict(), who, ": the file holds a ", v.tagKind(),
+               ", expected a dict of name -> tensor");
+    std::map<std::string, at::Tensor> all;
+    for (const auto& kv : v.toGenericDict()) {
+      FSDP_CHECK(kv.key().isString() && kv.value().isTensor(), who,
+                 ": every entry must be str -> Tensor (found ", kv.key().tagKind(), " -> ",
+                 kv.value().tagKind(), ")");
+      all[kv.key().toStringRef()] = kv.value().toTensor();
+    }
+    for (const auto& sp : sharded_parameters(root)) {
+      auto it = all.find(sp.name);
+      FSDP_CHECK(it != all.end(), who, ": parameter '", sp.name, "' is missing from the file");
+      FSDP_CHECK(it->second.sizes().vec() == sp.param->shape &&
+                     it->second.scalar_type() == sp.tensor.scalar_type(),
+                 who, ": tensor '", sp.name, "' is ", it->second.sizes(), " ",
+                 it->second.scalar_type(), " in the file, the model has ",
+                 shard::shape_to_string(sp.param->shape), " ", sp.tensor.scalar_type());
+      params[sp.name] = it->second;
+      all.erase(it);
+    }
+    for (const auto& kv : root->named_buffers(/*recurse=*/true)) {
+      if (!kv.value().defined()) continue;
+      auto it = all.find(kv.key());
+      FSDP_CHECK(it != all.end(), who, ": buffer '", kv.key(), "' is missing from the file");
+      FSDP_CHECK(it->second.sizes() == kv.value().sizes(), who, ": buffer '", kv.key(), "' is ",
+                 it->second.sizes(), " in the file, the model has ", kv.value().sizes());
+      buffers[kv.key()] = it->second;
+      all.erase(it);
+    }
+    FSDP_CHECK(all.empty(), who, ": the file has ", all.size(),
+               " tensors the model does not, e.g. '", all.empty() ? "" : all.begin()->first, "'");
+  });
+  agree.run("applying", [&] {
+    load_full_state_dict(root, params);
+    at::NoGradGuard no_grad;
+    for (const auto& kv : root->named_buffers(true)) {
+      auto it = buffers.find(kv.key());
+      if (it != buffers.end()) kv.value().copy_(it->second);
+    }
+  });
+}
+
+}  // namespace fsdp::checkpoint

@@ -1,0 +1,98 @@
+// The manifest of a sharded checkpoint (internal): what manifest.json holds, its JSON form, and
+// the directory rules (latest, listing, resolution). Schema: docs/checkpoints.md, "Manifest".
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fsdp::checkpoint {
+
+constexpr const char* kFormat = "fsdp-cpp/sharded-checkpoint";
+constexpr int kFormatVersion = 1;
+constexpr const char* kManifestFile = "manifest.json";
+constexpr const char* kLatestFile = "latest";
+constexpr const char* kTmpPrefix = ".tmp-";
+constexpr const char* kTrashPrefix = ".trash-";
+/// Shard file header: magic "FSDPSHRD", then u32 version, rank, world size, 0 (little-endian).
+constexpr char kMagic[8] = {'F', 'S', 'D', 'P', 'S', 'H', 'R', 'D'};
+constexpr int64_t kHeaderBytes = 24;
+
+/// Rows [row_begin, row_begin + rows) of one tensor, stored contiguously in one rank file at byte
+/// `offset`, checksummed in chunks of chunk_rows rows (the last chunk may be shorter).
+struct ShardEntry {
+  int rank = 0;
+  int64_t offset = 0;
+  int64_t row_begin = 0;
+  int64_t rows = 0;
+  int64_t chunk_rows = 1;
+  std::vector<uint32_t> chunk_crc32;
+};
+
+/// One stored tensor. kind: "param" (name "model/<fqn>"), "optim" ("optim/<fqn>/<state>"),
+/// "extra" ("extra/<key>", TrainState::tensors), "buffer" ("buffer/<fqn>").
+struct TensorEntry {
+  std::string kind;
+  std::string dtype;            ///< "float32", "bfloat16", ... (see dtype_name)
+  std::vector<int64_t> shape;   ///< global shape
+  int64_t row_numel = 1;        ///< elements per dim-0 row (1 for a 0-dim tensor)
+  std::vector<ShardEntry> shards;
+};
+
+struct FileEntry {
+  int rank = 0;
+  std::string path;  ///< relative to the checkpoint directory
+  int64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string dtype;
+};
+
+struct Manifest {
+  std::string name;
+  int64_t seq = 0;  ///< publication order within a directory
+  int world_size = 1;
+  std::string fingerprint;
+  std::vector<ParamInfo> params;  ///< the model, in sharded_parameters order
+  std::vector<FileEntry> files;
+  std::map<std::string, TensorEntry> tensors;
+  // optimizer
+  std::string optimizer;  ///< "" (none), "adamw", "adam", "sgd"
+  std::vector<double> group_lrs;
+  std::map<std::string, int64_t> optim_step;                    ///< fqn -> step, params with state
+  std::map<std::string, std::vector<std::string>> optim_state;  ///< fqn -> stored state tensors
+  // TrainState
+  std::map<std::string, int64_t> ints;
+  std::map<std::string, double> doubles;
+  std::vector<std::string> extra_tensors;
+};
+
+std::string manifest_to_json(const Manifest& m);
+/// Throws fsdp::Error naming `path` when text is not a manifest of this format and version.
+Manifest manifest_from_json(const std::string& text, const std::string& path);
+/// Reads and parses dir/manifest.json; throws fsdp::Error (missing: "incomplete checkpoint").
+Manifest read_manifest(const std::string& checkpoint_dir);
+
+/// What one rank wrote: its file and its shards (name -> shard, dtype), exchanged as JSON.
+struct RankReport {
+  FileEntry file;
+  std::vector<std::pair<std::string, ShardEntry>> shards;
+  std::map<std::string, std::string> dtypes;
+};
+std::string report_to_json(const RankReport& r);
+RankReport report_from_json(const std::string& text);
+
+/// "rank-00003-of-00004.bin"
+std::string rank_file_name(int rank, int world_size);
+/// Model fingerprint: FNV-1a 64 of the sorted "name shape dtype" lines.
+std::string fingerprint(const std::vector<ParamInfo>& params);
+/// Lines naming the first differences between a checkpoint's params and the model's.
+std::string describe_param_diff(const std::vector<ParamInfo>& saved,
+                                const std::vector<ParamInfo>& model, size_t max_lines = 8);
+
+}  // namespace fsdp::checkpoint
