@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""fsdp-cpp (fsdp-train, MPI) vs stock PyTorch (bench/peer_train.py, gloo) training-step speed.
+
+    python3 bench/compare.py            # full: nano + micro, N = 1, 2, 2 repetitions  (~12 min on 2 cores)
+    python3 bench/compare.py --quick    # nano only, N = 1, 2, 2 repetitions            (~3 min)
+
+Implementations (same GPT, same global batch G, seq len T, micro-batch = G/N, steps, fp32, AdamW,
+grad clip 1.0, 1 intra-op thread per rank):
+  ours-full_shard   mpirun -n N fsdp-train --strategy full_shard
+  ours-no_shard     mpirun -n N fsdp-train --strategy no_shard  (probed first; skipped with a note when
+                    the engine rejects it)
+  fsdp2             torchrun peer_train.py --impl fsdp2  (fully_shard per Block + root)
+  ddp               torchrun peer_train.py --impl ddp
+  (--peers fsdp2,ddp,zero adds ZeroRedundancyOptimizer; --ours full_shard,full_shard@yield adds a run
+   of fsdp-train under Open MPI's --mca mpi_yield_when_idle 1)
+
+Method: for each (preset, N) the implementations run back to back; each repetition reverses the
+order of the previous one (A B C D, D C B A, ...), so slow drifts of the shared machine hit all
+alike. The first --warmup steps of every run are dropped; the statistics pool the remaining steps of
+all repetitions (median step time), and the ratio column is the median over repetitions of the
+paired ratio (ours tokens/s / peer tokens/s in the same repetition; > 1 = ours faster).
+Memory per rank: model state (params + grads + optimizer state of this rank, from the metrics),
+peak RSS (ru_maxrss of every rank process, MAX over ranks; peers include the Python interpreter),
+and for ours the counting allocator's peak (tensor bytes live at once during the step).
+Ours also reports the communication thread's busy time per step (CommStats, median).
+
+Raw metrics go to --out (default out/bench/<timestamp>/); the markdown table goes to stdout and to
+<out>/table.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def log(msg):
+    print(f"[compare {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def read_jsonl(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_rss(d):
+    """(MAX over ranks of peak RSS bytes, per-rank CPU seconds list) from rusage_exec.py files."""
+    vals, cpu = [], []
+    if os.path.isdir(d):
+        for name in sorted(os.listdir(d)):
+            if name.startswith("rss_rank"):
+                with open(os.path.join(d, name)) as f:
+                    j = json.load(f)
+                vals.append(j["maxrss_bytes"])
+                cpu.append(j.get("utime_s", 0) + j.get("stime_s", 0))
+    return (max(vals) if vals else None), cpu
+
+
+class Runner:
+    def __init__(self, a):
+        self.a = a
+        self.env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads),
+                        PYTHONUNBUFFERED="1")
+        self.env.pop("TORCHELASTIC_ERROR_FILE", None)
+
+    def common(self, preset, n):
+        a = self.a
+        return dict(model=preset, G=a.global_batch_size, T=a.seq_len, steps=a.steps, threads=a.threads)
+
+    def cmd(self, impl, preset, n, run_dir):
+        a = self.a
+        metrics = os.path.join(run_dir, "metrics.jsonl")
+        if impl.startswith("ours-"):
+            strategy, _, variant = impl[len("ours-"):].partition("@")
+            mca = []
+            if variant == "yield":  # Open MPI: blocking calls sched_yield() while they poll
+                mca = ["--mca", "mpi_yield_when_idle", "1"]
+            elif variant:
+                raise SystemExit(f"unknown variant @{variant} (known: @yield)")
+            return [a.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", *mca,
+                    "-x", "OMP_NUM_THREADS", "-x", "MKL_NUM_THREADS", "-n", str(n),
+                    sys.executable, os.path.join(HERE, "rusage_exec.py"), run_dir, "--",
+                    a.binary, "--model", preset, "--strategy", strategy,
+                    "--global-batch-size", str(a.global_batch_size), "--seq-len", str(a.seq_len),
+                    "--steps", str(a.steps), "--threads", str(a.threads),
+                    "--warmup-steps", "20", "--eval-every", "0", "--eval-batches", "1",
+                    "--data-dir", a.data_dir, "--progress", "lines", "--metrics", metrics]
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
+                "--master_port", str(29500 + (os.getpid() % 500)),
+                os.path.join(HERE, "peer_train.py"), "--impl", impl, "--model", preset,
+                "--global-batch-size", str(a.global_batch_size), "--seq-len", str(a.seq_len),
+                "--steps", str(a.steps), "--threads", str(a.threads), "--warmup-steps", "20",
+                "--quiet", "--metrics", metrics]
+
+    def run(self, impl, preset, n, rep):
+        run_dir = os.path.join(self.a.out, f"{preset}_n{n}_{impl}_r{rep}")
+        shutil.rmtree(run_dir, ignore_errors=True)
+        os.makedirs(run_dir)
+        cmd = self.cmd(impl, preset, n, run_dir)
+        with open(os.path.join(run_dir, "cmd.txt"), "w") as f:
+            f.write(" ".join(cmd) + "\n")
+        t0 = time.time()
+        p = subprocess.run(cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=self.a.run_timeout)
+        with open(os.path.join(run_dir, "log.txt"), "w") as f:
+            f.write(p.stdout)
+        wall = time.time() - t0
+        ev = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+        steps = [e for e in ev if e.get("event") == "step"]
+        if p.returncode != 0 or len(steps) < self.a.steps:
+            return {"ok": False, "rc": p.returncode, "log": p.stdout[-2000:], "wall": wall}
+        end = [e for e in ev if e.get("event") == "end"]
+        kept = [e for e in steps if e["step"] > self.a.warmup]
+        rss, cpu = read_rss(run_dir)
+        if rss is None:  # peer: its own getrusage, MAX over ranks, reported per step
+            rss = max(e["mem"].get("rss_peak_bytes") or 0 for e in steps) or None
+        comm = []
+        for e in kept:
+            c = e.get("comm") or {}
+            if c:
+                comm.append(sum(v for k, v in c.items() if k.endswith("_busy_s")))
+        last = steps[-1]["mem"]
+        state = sum(last.get(k) or 0 for k in ("param_shard_bytes", "grad_shard_bytes",
+                                               "optim_state_bytes"))
+        peaks = [e["mem"].get("peak_bytes") for e in kept if e["mem"].get("peak_bytes")]
+        return {"ok": True, "wall": wall, "times": [e["step_time_s"] for e in kept],
+                "tokens": steps[0]["tokens"], "rss": rss, "state": state,
+                "alloc_peak": max(peaks) if peaks else None, "comm_busy": comm, "cpu_s": cpu,
+                "loss_first": steps[0]["loss"], "loss_last": steps[-1]["loss"]}
+
+
+def fmt_mib(b):
+    return "-" if not b else f"{b / 2**20:.1f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="nano only, 2 repetitions, fewer steps (~3 min)")
+    ap.add_argument("--presets", default=None, help="comma list (default nano,micro; --quick: nano)")
+    ap.add_argument("--ranks", default="1,2", help="comma list of N")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions (default 2)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 10; --quick: 7)")
+    ap.add_argument("--warmup", type=int, default=3, help="first steps of each run left out")
+    ap.add_argument("--global-batch-size", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    ap.add_argument("--peers", default="fsdp2,ddp", help="peer impls: fsdp2,ddp,zero")
+    ap.add_argument("--ours", default="full_shard,no_shard",
+                    help="fsdp-train strategies; STRATEGY@yield adds --mca mpi_yield_when_idle 1")
+    ap.add_argument("--binary", default=os.path.join(ROOT, "build-bench", "bin", "fsdp-train"))
+    ap.add_argument("--data-dir", default=os.path.join(ROOT, "data"))
+    ap.add_argument("--mpirun", default="mpirun")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--run-timeout", type=int, default=300)
+    a = ap.parse_args()
+    a.presets = (a.presets or ("nano" if a.quick else "nano,micro")).split(",")
+    a.reps = a.reps or 2
+    a.steps = a.steps or (7 if a.quick else 10)
+    if a.steps <= a.warmup:
+        ap.error("--steps must exceed --warmup")
+    a.out = a.out or os.path.join(ROOT, "out", "bench", time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(a.out, exist_ok=True)
+    ranks = [int(x) for x in a.ranks.split(",")]
+    if not os.access(a.binary, os.X_OK):
+        sys.exit(f"no fsdp-train at {a.binary} (build it: see docs/BENCHMARKS.md)")
+
+    runner = Runner(a)
+    notes = []
+    ours = []
+    for s in a.ours.split(","):
+        if not s:
+            continue
+        if "@" in s:  # a launch variant of a strategy probed on its own
+            ours.append("ours-" + s)
+            continue
+        # Probe: 1 step of nano on 1 rank; exit code 2 = rejected setting (e.g. strategy unsupported).
+        probe_dir = os.path.join(a.out, f"probe_{s}")
+        os.makedirs(probe_dir, exist_ok=True)
+        cmd = [a.mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "1", a.binary, "--model", "nano",
+               "--strategy", s, "--steps", "1", "--global-batch-size", "2", "--seq-len", "16",
+               "--eval-every", "0", "--eval-batches", "1", "--data-dir", a.data_dir, "--progress", "lines"]
+        p = subprocess.run(cmd, cwd=ROOT, env=runner.env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=120)
+        if p.returncode == 0:
+            ours.append("ours-" + s)
+        else:
+            msg = next((l for l in p.stdout.splitlines() if "error" in l), p.stdout.strip()[-300:])
+            notes.append(f"`--strategy {s}` skipped: fsdp-train exited {p.returncode}: {msg.strip()}")
+            log(notes[-1])
+    impls = ours + [x for x in a.peers.split(",") if x]
+    log(f"impls {impls}, presets {a.presets}, N {ranks}, reps {a.reps}, steps {a.steps} "
+        f"(first {a.warmup} dropped), G={a.global_batch_size}, T={a.seq_len}, threads/rank {a.threads}")
+
+    results = {}  # (preset, n, impl) -> list of run dicts (one per rep)
+    t_start = time.time()
+    for preset in a.presets:
+        for n in ranks:
+            if a.global_batch_size % n:
+                notes.append(f"N={n} skipped: G={a.global_batch_size} not divisible")
+                continue
+            for rep in range(a.reps):
+                order = impls if rep % 2 == 0 else impls[::-1]
+                for impl in order:
+                    r = runner.run(impl, preset, n, rep)
+                    results.setdefault((preset, n, impl), []).append(r)
+                    if r["ok"]:
+                        log(f"{preset} N={n} {impl} rep {rep}: median "
+                            f"{statistics.median(r['times']) * 1e3:.0f} ms/step (run {r['wall']:.0f} s)")
+                    else:
+                        log(f"{preset} N={n} {impl} rep {rep}: FAILED rc={r['rc']}\n{r['log']}")
+    total = time.time() - t_start
+
+    # Table
+    peers = [i for i in impls if not i.startswith("ours-")]
+    head = ["impl", "preset", "N", "median step ms", "min-max of rep medians", "tokens/s"]
+    head += [f"ours/{p} tok/s" for p in peers]
+    head += ["state MiB/rank", "peak RSS MiB/rank", "alloc peak MiB/rank", "comm busy ms/step"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    summary = []
+    for preset in a.presets:
+        for n in ranks:
+            for impl in impls:
+                runs = [r for r in results.get((preset, n, impl), []) if r["ok"]]
+                if not runs:
+                    if (preset, n, impl) in results:
+                        lines.append(f"| {impl} | {preset} | {n} | failed |" + " |" * (len(head) - 4))
+                    continue
+                times = [t for r in runs for t in r["times"]]
+                med = statistics.median(times)
+                rep_meds = [statistics.median(r["times"]) for r in runs]
+                tps = runs[0]["tokens"] / med
+                row = [impl, preset, str(n), f"{med * 1e3:.0f}",
+                       f"{min(rep_meds) * 1e3:.0f}-{max(rep_meds) * 1e3:.0f}", f"{tps:,.0f}"]
+                for p in peers:
+                    if not impl.startswith("ours-"):
+                        row.append("")
+                        continue
+                    pr = results.get((preset, n, p), [])
+                    paired = [statistics.median(pp["times"]) / statistics.median(o["times"])
+                              for o, pp in zip(results[(preset, n, impl)], pr) if o["ok"] and pp["ok"]]
+                    row.append(f"{statistics.median(paired):.2f}" if paired else "-")
+                comm = [c for r in runs for c in r["comm_busy"]]
+                row += [fmt_mib(runs[-1]["state"]), fmt_mib(max(r["rss"] or 0 for r in runs)),
+                        fmt_mib(max(r["alloc_peak"] or 0 for r in runs)),
+                        f"{statistics.median(comm) * 1e3:.0f}" if comm else "-"]
+                lines.append("| " + " | ".join(row) + " |")
+                summary.append({"impl": impl, "preset": preset, "n": n, "median_step_s": med,
+                                "rep_median_step_s": rep_meds, "tokens_per_s": tps,
+                                "state_bytes": runs[-1]["state"],
+                                "rss_bytes": max(r["rss"] or 0 for r in runs),
+                                "alloc_peak_bytes": max(r["alloc_peak"] or 0 for r in runs),
+                                "comm_busy_s_median": statistics.median(comm) if comm else None,
+                                "loss_first": runs[0]["loss_first"], "loss_last": runs[0]["loss_last"]})
+    cfg = (f"G={a.global_batch_size} sequences x T={a.seq_len} tokens per step, micro-batch G/N, "
+           f"{a.steps} steps per run (first {a.warmup} dropped), {a.reps} repetitions, "
+           f"{a.threads} thread(s) per rank, fp32; total {total:.0f} s")
+    table = "\n".join(lines)
+    text = cfg + "\n\n" + table + "\n" + "".join(f"\nNote: {x}" for x in notes) + "\n"
+    print(text)
+    with open(os.path.join(a.out, "table.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(a.out, "summary.json"), "w") as f:
+        json.dump({"config": vars(a), "notes": notes, "rows": summary, "total_s": total}, f, indent=1)
+    log(f"wrote {a.out}/table.md and summary.json")
+
+
+if __name__ == "__main__":
+    main()
