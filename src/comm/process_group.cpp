@@ -36,9 +36,27 @@ void CommStats::record_issue(CollectiveKind kind, int64_t bytes) {
   e.bytes += bytes;
 }
 
-void CommStats::record_time(CollectiveKind kind, double seconds) {
+void CommStats::record_time(CollectiveKind kind, double start_s, double end_s, int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  entries_[static_cast<int>(kind)].busy_s += seconds;
+  entries_[static_cast<int>(kind)].busy_s += end_s - start_s;
+  if (record_events_) events_.push_back(Event{kind, bytes, start_s, end_s});
+}
+
+void CommStats::set_record_events(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  record_events_ = on;
+}
+
+std::vector<CommStats::Event> CommStats::take_events() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Event> out;
+  out.swap(events_);
+  return out;
+}
+
+double now_s() {
+  static const auto epoch = std::chrono::steady_clock::now();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
 }
 
 CommStats::Snapshot CommStats::snapshot() const {
@@ -80,7 +98,7 @@ void ProcessGroup::worker_loop() {
       op = std::move(queue_.front());
       queue_.pop_front();
     }
-    auto t0 = std::chrono::steady_clock::now();
+    double t0 = now_s();
     std::exception_ptr err;
     try {
       op.fn();
@@ -88,9 +106,9 @@ void ProcessGroup::worker_loop() {
       err = std::current_exception();
     }
     op.fn = nullptr;  // release the op's tensors before signalling completion
-    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (op.counted) stats_->record_time(op.kind, dt);
-    op.work->finish(err, dt);
+    double t1 = now_s();
+    if (op.counted) stats_->record_time(op.kind, t0, t1, op.bytes);
+    op.work->finish(err, t1 - t0);
   }
 }
 
@@ -101,7 +119,7 @@ WorkPtr ProcessGroup::enqueue(CollectiveKind kind, int64_t logical_bytes, std::f
     std::lock_guard<std::mutex> lock(mu_);
     FSDP_CHECK(!stopping_, "[fsdp rank ", rank_, "] ", to_string(kind),
                " issued on a process group that is shutting down");
-    queue_.push_back(Op{kind, logical_bytes >= 0, std::move(fn), work});
+    queue_.push_back(Op{kind, logical_bytes >= 0, logical_bytes, std::move(fn), work});
   }
   cv_.notify_one();
   return work;

@@ -17,37 +17,36 @@ double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max
              " is not supported (2 or inf)");
   auto units = units_of(root);
   wait_for_pending(root);
-  // Sharded grads are summed over the group; a unit over a group of one rank holds the whole
-  // gradient on every rank of the caller's world, so it is added after the reduction, once.
+  // Each rank adds its shards' sum of squares divided by how many ranks hold the same shard
+  // (1 when sharded, the world size when replicated), and one all-reduce over the data-parallel
+  // group sums the distinct shards: a replicated gradient is counted once, not once per rank.
   comm::ProcessGroupPtr group;
-  double sharded = 0.0, replicated = 0.0;
+  double local = 0.0;
   std::vector<at::Tensor> grads;
   for (const auto& u : units) {
-    double local = 0.0;
+    FSDP_CHECK(!group || group == u->group(), "[fsdp rank ", u->group()->rank(),
+               "] clip_grad_norm: unit '", u->name(),
+               "' trains over another process group than the other units under this root");
+    group = u->group();
     for (const auto& p : u->params()) {
       const at::Tensor& g = p.sharded_param.grad();
       if (!g.defined() || g.numel() == 0) continue;
       grads.push_back(g);
       at::Tensor g64 = g.to(at::kDouble);
-      double v = inf ? g64.abs().max().item<double>() : g64.pow(2).sum().item<double>();
-      local = inf ? std::max(local, v) : local + v;
-    }
-    if (u->group()->size() == 1) {
-      replicated = inf ? std::max(replicated, local) : replicated + local;
-    } else {
-      FSDP_CHECK(!group || group == u->group(), "[fsdp rank ", u->group()->rank(),
-                 "] clip_grad_norm: units under one root use different process groups ('",
-                 u->name(), "'); this build clips over one group");
-      group = u->group();
-      sharded = inf ? std::max(sharded, local) : sharded + local;
+      if (inf) {
+        local = std::max(local, g64.abs().max().item<double>());
+      } else {
+        local += g64.pow(2).sum().item<double>() / static_cast<double>(u->num_replicas());
+      }
     }
   }
+  double reduced = local;
   if (group) {
-    at::Tensor t = at::tensor({sharded}, at::kDouble);
+    at::Tensor t = at::tensor({local}, at::kDouble);
     group->all_reduce(t, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum)->wait();
-    sharded = t.item<double>();
+    reduced = t.item<double>();
   }
-  double total = inf ? std::max(sharded, replicated) : std::sqrt(sharded + replicated);
+  double total = inf ? reduced : std::sqrt(reduced);
   if (max_norm > 0) {
     double coef = max_norm / (total + 1e-6);
     if (coef < 1.0) {

@@ -11,9 +11,9 @@ namespace fsdp {
 
 at::Tensor gather_full_tensor(FSDPUnit& unit, const FSDPParam& p, bool grad) {
   at::NoGradGuard no_grad;
-  auto& g = *unit.group();
+  auto& g = *unit.shard_group();
   const auto& s = p.spec;
-  const int64_t rows = s.real_rows(g.rank());
+  const int64_t rows = s.real_rows(unit.shard_rank());
   at::Tensor src = grad ? p.sharded_param.grad() : p.sharded_param;
   at::Tensor has = at::tensor({static_cast<int64_t>(src.defined())}, at::kLong);
   if (grad) {
@@ -58,7 +58,7 @@ void load_full_state_dict(const std::shared_ptr<torch::nn::Module>& root,
   at::NoGradGuard no_grad;
   for (const auto& sp : params) {
     const auto& s = sp.param->spec;
-    const int64_t rank = sp.unit->group()->rank();
+    const int64_t rank = sp.unit->shard_rank();
     const int64_t rows = s.real_rows(rank);
     if (rows == 0) continue;
     at::Tensor full = state.at(sp.name).reshape({s.dim0, s.row_numel});

@@ -2,14 +2,22 @@
 
 #include <torch/nn/utils/clip_grad.h>
 
+#include <mutex>
+
 namespace fsdp_test {
 
 void run_parity(const ParityRun& run, const fsdp::comm::ProcessGroupPtr& group) {
   const int N = group->size(), r = group->rank();
-  torch::manual_seed(run.seed);
-  auto ref = run.make_model();
-  torch::manual_seed(run.seed);
-  auto model = run.make_model();
+  std::shared_ptr<torch::nn::Module> ref, model;
+  {
+    // The global generator is shared by the threads of a threaded world: build under a lock.
+    static std::mutex construct_mu;
+    std::lock_guard<std::mutex> lock(construct_mu);
+    torch::manual_seed(run.seed);
+    ref = run.make_model();
+    torch::manual_seed(run.seed);
+    model = run.make_model();
+  }
   run.shard(model, group);
   std::vector<at::Tensor> ref_params;  // unique tensors (tied params once)
   for (const auto& p : ref->parameters()) {

@@ -60,7 +60,7 @@ TEST(Scenarios, S2_PaddingStaysZeroAndShapesAreOriginal) {
     run.after_step = [](int step, const std::shared_ptr<torch::nn::Module>& model) {
       for (const auto& sp : fsdp::sharded_parameters(model)) {
         const auto& p = *sp.param;
-        const int64_t rows = p.spec.real_rows(sp.unit->group()->rank());
+        const int64_t rows = p.spec.real_rows(sp.unit->shard_rank());
         at::Tensor pad = p.sharded_storage.reshape({p.spec.rows_per_rank, p.spec.row_numel})
                              .narrow(0, rows, p.spec.rows_per_rank - rows);
         EXPECT_EQ(pad.count_nonzero().item<int64_t>(), 0)

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "fsdp/comm/work.h"
 
@@ -37,16 +38,32 @@ class CommStats {
     double busy_s = 0.0;
   };
   using Snapshot = std::array<Entry, kNumCollectiveKinds>;
+  /// One collective as it ran on the communication thread; times in seconds on the now_s() clock.
+  struct Event {
+    CollectiveKind kind;
+    int64_t bytes;
+    double start_s;
+    double end_s;
+  };
 
   void record_issue(CollectiveKind kind, int64_t bytes);
-  void record_time(CollectiveKind kind, double seconds);
+  void record_time(CollectiveKind kind, double start_s, double end_s, int64_t bytes);
   Snapshot snapshot() const;
   void reset();
+  /// Keep one Event per collective (for traces) until take_events(). Off by default.
+  void set_record_events(bool on);
+  /// Returns and clears the recorded events.
+  std::vector<Event> take_events();
 
  private:
   mutable std::mutex mu_;
   Snapshot entries_{};
+  bool record_events_ = false;
+  std::vector<Event> events_;
 };
+
+/// Seconds on a monotonic clock shared by CommStats events and callers that trace compute.
+double now_s();
 
 /// A group of ranks that run collectives together (the c10d Backend shape).
 ///
@@ -129,6 +146,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   struct Op {
     CollectiveKind kind;
     bool counted;
+    int64_t bytes;
     std::function<void()> fn;
     WorkPtr work;
   };

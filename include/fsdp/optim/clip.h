@@ -11,9 +11,9 @@ namespace fsdp {
 /// (unsharded) gradient is at most max_norm, and returns that norm (before clipping) as a double,
 /// identical on every rank.
 ///
-/// norm_type 2: sqrt(all_reduce_sum(local sum of squares)); norm_type inf (use
-/// std::numeric_limits<double>::infinity()): all_reduce_max(local max |g|). Gradients of params a
-/// rank does not shard (world size 1 units) are counted once, not once per rank. Scale:
+/// norm_type 2: sqrt(all_reduce_sum(sum over this rank's shards of |g|^2 / num_replicas)); norm_type
+/// inf (use std::numeric_limits<double>::infinity()): all_reduce_max(local max |g|). A gradient
+/// replicated on several ranks (num_replicas > 1) is counted once, not once per rank. Scale:
 /// clip_coef = max_norm / (norm + 1e-6), applied when < 1 (torch.nn.utils.clip_grad_norm_).
 /// Params without a gradient are skipped. Collective and blocking over each unit's group: call on
 /// all ranks after backward. max_norm <= 0 computes the norm without clipping.

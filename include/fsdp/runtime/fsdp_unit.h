@@ -49,7 +49,15 @@ class FSDPUnit {
   torch::nn::Module& module() { return *module_raw_; }
   /// True while the wrapped module is alive.
   bool module_alive() const { return !module_.expired(); }
+  /// The unit's data-parallel group: every rank that trains this unit (the fully_shard argument).
   const comm::ProcessGroupPtr& group() const { return group_; }
+  /// The group the params are sharded over (all-gather / reduce-scatter); rows of the specs are
+  /// indexed by shard_rank(). FULL_SHARD and SHARD_GRAD_OP: group().
+  const comm::ProcessGroupPtr& shard_group() const { return group_; }
+  /// This rank's index into the params' dim-0 layout (ParamShardSpec::real_rows(shard_rank())).
+  int64_t shard_rank() const { return group_->rank(); }
+  /// How many ranks hold a copy of each shard (1 when every rank holds distinct rows).
+  int64_t num_replicas() const { return 1; }
   const FullyShardOptions& options() const { return options_; }
   std::vector<FSDPParam>& params() { return params_; }
   const std::vector<FSDPParam>& params() const { return params_; }
