@@ -21,11 +21,14 @@
 //   * step_time_s / tokens_per_s cover the training part; tokens = global batch * seq len.
 //   * --trace: every rank records its events; at the end they are gathered to rank 0 over the
 //     process group (all_gather of the serialized JSON) and rank 0 writes one file PATH. Compute
-//     events (tid 0) are timed per micro-batch forward / backward and per optimizer step. The engine
-//     exposes no per-collective timestamps, so tid 1 shows, for each step and collective kind, one
-//     event whose duration is the communication thread's busy time in that step (CommStats busy_s
-//     delta), laid end to end from the step's start: it shows how much communication a step had,
-//     not when each collective ran or how it overlapped compute.
+//     events (tid 0) are timed per micro-batch forward / backward and per optimizer step. tid 1 holds
+//     one event per collective of the world group as it ran on its communication thread
+//     (CommStats::set_record_events / take_events, on the comm::now_s() clock, shifted to the trace
+//     origin), so overlap of communication with compute is visible.
+//   * Checkpoints (--save / --resume): the model shards, AdamW state and a TrainState with "step",
+//     "lr_step", "sampler_pos" (sequences consumed), "rng" (CPU generator) and, for fp16,
+//     "grad_scale" / "growth_tracker". A resumed run at the same world size repeats the uninterrupted
+//     run's losses bit for bit (fp32); at another world size up to reduction order.
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/tensor.h>
@@ -71,6 +74,22 @@ using Clock = std::chrono::steady_clock;
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+/// A collective checkpoint operation failed with fsdp::Error on every rank (the library guarantees
+/// the same verdict everywhere): printed by rank 0, exit code 1, no MPI_Abort needed.
+struct CheckpointError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Runs a collective checkpoint call, turning its fsdp::Error into a CheckpointError.
+template <typename F>
+auto checkpoint_call(const std::string& what, F&& f) {
+  try {
+    return f();
+  } catch (const fsdp::Error& e) {
+    throw CheckpointError(what + ": " + e.what());
+  }
+}
 
 bool is_dir(const std::string& p) {
   struct stat st {};
@@ -168,6 +187,7 @@ FullyShardOptions resolve_fsdp_options(const TrainConfig& c) {
     o.mixed_precision.param_dtype = dt;
     o.mixed_precision.reduce_dtype = dt;
   }
+  o.forward_prefetch = c.forward_prefetch;
   return o;
 }
 
@@ -255,6 +275,24 @@ class LossScaling {
 #endif
     return 1.0;
   }
+  /// Scaler state into / out of a checkpoint's TrainState ("grad_scale", "growth_tracker").
+  void save_state(checkpoint::TrainState& st) const {
+#if FSDP_TRAIN_HAS_GRAD_SCALER
+    if (scaler_) {
+      st.doubles["grad_scale"] = scaler_->get_scale();
+      st.ints["growth_tracker"] = scaler_->growth_tracker();
+    }
+#endif
+  }
+  void load_state(const checkpoint::TrainState& st) {
+#if FSDP_TRAIN_HAS_GRAD_SCALER
+    if (!scaler_) return;
+    auto s = st.doubles.find("grad_scale");
+    auto g = st.ints.find("growth_tracker");
+    // A checkpoint of an fp32/bf16 run has no scaler state: fp16 then starts at the default scale.
+    if (s != st.doubles.end() && g != st.ints.end()) scaler_->load_state(s->second, g->second);
+#endif
+  }
 
  private:
 #if FSDP_TRAIN_HAS_GRAD_SCALER
@@ -333,6 +371,12 @@ int run(int argc, char** argv) {
   const int64_t accum = rows / micro;
   const int64_t T = cfg.seq_len;
   FullyShardOptions fsdp_options = resolve_fsdp_options(cfg);
+  // The root unit (embeddings, final LayerNorm, tied head) returns fp32 logits under bf16/fp16, so
+  // the loss is computed in fp32 (the blocks keep their low-precision outputs).
+  FullyShardOptions root_options = fsdp_options;
+  if (fsdp_options.mixed_precision.param_dtype) {
+    root_options.mixed_precision.output_dtype = at::kFloat;
+  }
   LossScaling loss_scaling(cfg.mixed_precision == "fp16");
 
   const std::string spm_path = cfg.data_dir + "/spm_" + std::to_string(cfg.vocab_size) + ".model";
@@ -353,9 +397,18 @@ int run(int argc, char** argv) {
   models::GPT model(mcfg);
   check_identical_init(model, *group);
   try {
-    fully_shard_tree(model.ptr(), group, wrap_by_type<models::BlockImpl>(), fsdp_options);
+    fully_shard_tree(model.ptr(), group, wrap_by_type<models::BlockImpl>(), fsdp_options,
+                     root_options);
   } catch (const fsdp::Error& e) {
     throw UsageError(std::string("the FSDP engine rejected these settings: ") + e.what());
+  }
+  double import_s = 0.0;
+  if (!cfg.import_path.empty()) {
+    const auto t0 = Clock::now();
+    checkpoint_call("--import " + cfg.import_path, [&] {
+      checkpoint::import_full(cfg.import_path, model.ptr(), group);
+    });
+    import_s = seconds_since(t0);
   }
   const int64_t num_params = mcfg.num_params();
 
@@ -373,6 +426,44 @@ int run(int argc, char** argv) {
   groups.emplace_back(decay, adamw(cfg.weight_decay));
   groups.emplace_back(no_decay, adamw(0.0));
   torch::optim::AdamW optimizer(std::move(groups), torch::optim::AdamWOptions(cfg.lr));
+
+  // Resume: model shards, AdamW state, step, schedule and sampler positions, RNG, loss scaler.
+  int64_t start_step = 0;   // optimizer steps already done
+  int64_t lr_pos = 0;       // schedule position (lr_at(lr_pos + 1) is the next step's lr)
+  int64_t batch_pos = 0;    // index of the next global batch (sampler_pos / G)
+  std::string resumed_from;
+  double load_s = 0.0;
+  if (!cfg.resume.empty()) {
+    const std::string path = cfg.resume == "latest" ? cfg.save : cfg.resume;
+    checkpoint::TrainState st;
+    const auto t0 = Clock::now();
+    resumed_from = checkpoint_call("--resume " + path, [&] {
+      return checkpoint::load_sharded(path, model.ptr(), &optimizer, &st, group);
+    });
+    load_s = seconds_since(t0);
+    auto need = [&](const char* key) {
+      auto it = st.ints.find(key);
+      if (it == st.ints.end()) {
+        throw CheckpointError("--resume " + resumed_from + ": the checkpoint's train state has no '" +
+                              key + "' (not written by fsdp-train?)");
+      }
+      return it->second;
+    };
+    start_step = need("step");
+    lr_pos = need("lr_step");
+    const int64_t sampler_pos = need("sampler_pos");
+    if (sampler_pos % cfg.global_batch_size != 0) {
+      throw UsageError("--resume " + resumed_from + ": " + std::to_string(sampler_pos) +
+                       " sequences consumed is not a whole number of global batches of " +
+                       std::to_string(cfg.global_batch_size) + " (resume with the same "
+                       "--global-batch-size)");
+    }
+    batch_pos = sampler_pos / cfg.global_batch_size;
+    if (auto it = st.tensors.find("rng"); it != st.tensors.end()) {
+      checkpoint::set_cpu_rng_state(it->second);
+    }
+    loss_scaling.load_state(st);
+  }
 
   JsonLines metrics(cfg.metrics, rank);
   TraceRecorder trace(rank, !cfg.trace.empty());
@@ -399,8 +490,22 @@ int run(int argc, char** argv) {
       {"sample_temperature", cfg.sample_temperature}, {"sample_top_k", cfg.sample_top_k},
       {"progress", cfg.progress}, {"metrics", cfg.metrics}, {"trace", cfg.trace},
       {"config_file", cfg.config_file}, {"backend", group->backend_name()},
+      {"forward_prefetch", fsdp_options.forward_prefetch},
+      {"root_output_dtype", root_options.mixed_precision.output_dtype ? "fp32" : "unchanged"},
+      {"save", cfg.save}, {"save_every", cfg.save_every}, {"keep", cfg.keep},
+      {"resume", cfg.resume}, {"resumed_from", resumed_from}, {"start_step", start_step},
+      {"load_s", load_s}, {"export", cfg.export_path}, {"import", cfg.import_path},
+      {"import_s", import_s},
       {"world_size", world}, {"num_params", num_params}};
   metrics.write(config_event);
+  if (!resumed_from.empty()) {
+    console.line("resumed from " + resumed_from + " at step " + std::to_string(start_step) + " (" +
+                 std::to_string(load_s).substr(0, 5) + " s)");
+  }
+  if (!cfg.import_path.empty()) {
+    console.line("imported weights from " + cfg.import_path + " (" +
+                 std::to_string(import_s).substr(0, 5) + " s)");
+  }
   console.line("fsdp-train: " + cfg.model + " (" + human_count(static_cast<double>(num_params)) +
                " params, " + std::to_string(mcfg.n_layer) + " FSDP block units + root) on " +
                std::to_string(world) + " rank(s), " + to_string(fsdp_options.strategy) + ", " +
@@ -413,6 +518,40 @@ int run(int argc, char** argv) {
   // 4. Training loop ---------------------------------------------------------------------------------
   group->barrier()->wait();
   trace.reset_origin();
+  const double trace_origin_s = comm::now_s();
+  if (trace.enabled()) {
+    group->stats().set_record_events(true);
+    group->stats().take_events();  // drop the setup's collectives
+  }
+  // Collectives recorded since the last call -> tid 1 events (times relative to the trace origin).
+  auto trace_collectives = [&] {
+    if (!trace.enabled()) return;
+    for (const auto& e : group->stats().take_events()) {
+      trace.add(comm::to_string(e.kind), "comm", 1, (e.start_s - trace_origin_s) * 1e6, (e.end_s - e.start_s) * 1e6,
+                {{"bytes", e.bytes}});
+    }
+  };
+  auto save_now = [&](int64_t step) {
+    checkpoint::TrainState st;
+    st.ints["step"] = step;
+    st.ints["lr_step"] = lr_pos;
+    st.ints["sampler_pos"] = batch_pos * cfg.global_batch_size;
+    st.tensors["rng"] = checkpoint::cpu_rng_state();
+    loss_scaling.save_state(st);
+    checkpoint::SaveOptions so;
+    so.keep_last_k = static_cast<int>(cfg.keep);
+    const double t0_us = trace.now_us();
+    const auto t0 = Clock::now();
+    std::string name = checkpoint_call("--save " + cfg.save, [&] {
+      return checkpoint::save_sharded(cfg.save, model.ptr(), &optimizer, st, group, so);
+    });
+    const double save_s = seconds_since(t0);
+    trace.add("checkpoint save", "compute", 0, t0_us, trace.now_us() - t0_us);
+    const std::string path = cfg.save + "/" + name;
+    metrics.write({{"event", "checkpoint"}, {"step", step}, {"path", path}, {"save_s", save_s}});
+    console.line("step " + std::to_string(step) + ": checkpoint " + path + " (" +
+                 std::to_string(save_s).substr(0, 5) + " s)");
+  };
   const auto run_start = Clock::now();
   double train_seconds = 0.0, last_loss = NAN, first_loss = NAN, last_val = NAN;
   const double tokens_per_step = static_cast<double>(cfg.global_batch_size * T);
@@ -426,18 +565,21 @@ int run(int argc, char** argv) {
     console.line(buf);
   };
 
-  for (int64_t step = 1; step <= cfg.steps; ++step) {
-    const double lr = lr_at(step, cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr);
+  if (start_step > cfg.steps) {
+    throw UsageError("--resume " + resumed_from + " is at step " + std::to_string(start_step) +
+                     ", beyond --steps " + std::to_string(cfg.steps));
+  }
+  for (int64_t step = start_step + 1; step <= cfg.steps; ++step) {
+    const double lr = lr_at(++lr_pos, cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr);
     for (auto& g : optimizer.param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
     }
-    at::Tensor batch = train_sampler.train_batch(step - 1);  // (G/N, T+1)
+    at::Tensor batch = train_sampler.train_batch(batch_pos++);  // (G/N, T+1)
 
     // Training part of the step (measured).
     accounting::reset_peak_bytes();
     const auto stats_before = group->stats().snapshot();
     const auto t_step = Clock::now();
-    const double step_begin_us = trace.now_us();
     double local_loss = 0.0;
     for (int64_t k = 0; k < accum; ++k) {
       set_requires_gradient_sync(model.ptr(), k == accum - 1);
@@ -480,20 +622,9 @@ int run(int argc, char** argv) {
                                   at::kLong);
     group->all_reduce(mem_t, comm::ReduceOp::kMax)->wait();
     last_loss = loss_t.item<double>();
-    if (step == 1) first_loss = last_loss;
+    if (step == start_step + 1) first_loss = last_loss;
     json comm = comm_delta(stats_before, stats_after);
-    if (trace.enabled()) {
-      double at_us = step_begin_us;
-      for (const char* kind : {"all_gather", "reduce_scatter", "all_reduce"}) {
-        double busy_us = comm[std::string(kind) + "_busy_s"].get<double>() * 1e6;
-        if (busy_us <= 0.0) continue;
-        trace.add(std::string(kind) + " (busy, step " + std::to_string(step) + ")", "comm", 1,
-                  at_us, busy_us,
-                  {{"calls", comm[std::string(kind) + "_calls"]},
-                   {"bytes", comm[std::string(kind) + "_bytes"]}});
-        at_us += busy_us;
-      }
-    }
+    trace_collectives();
     const int64_t* m = mem_t.data_ptr<int64_t>();
     json step_event = {{"event", "step"},
                    {"step", step},
@@ -525,6 +656,11 @@ int run(int argc, char** argv) {
     console.progress(buf);
 
     if ((cfg.eval_every > 0 && step % cfg.eval_every == 0) || step == cfg.steps) eval_now(step);
+    if (!cfg.save.empty() &&
+        ((cfg.save_every > 0 && step % cfg.save_every == 0) || step == cfg.steps)) {
+      save_now(step);
+    }
+    trace_collectives();
   }
 
   // 5. Sample and summary ---------------------------------------------------------------------------
@@ -541,10 +677,26 @@ int run(int argc, char** argv) {
                  std::to_string(cfg.sample_temperature).substr(0, 4) + ", top-k " +
                  std::to_string(cfg.sample_top_k) + "):\n" + tokenizer.decode(out32));
   }
+  if (!cfg.export_path.empty()) {
+    const double t0_us = trace.now_us();
+    const auto t0 = Clock::now();
+    checkpoint_call("--export " + cfg.export_path, [&] {
+      checkpoint::export_full(cfg.export_path, model.ptr(), group);
+    });
+    const double export_s = seconds_since(t0);
+    trace.add("export", "compute", 0, t0_us, trace.now_us() - t0_us);
+    trace_collectives();
+    metrics.write({{"event", "export"}, {"path", cfg.export_path}, {"export_s", export_s}});
+    console.line("exported the full state dict to " + cfg.export_path + " (" +
+                 std::to_string(export_s).substr(0, 5) + " s)");
+  }
   const double total_time = seconds_since(run_start);
-  const double mean_tps = tokens_per_step * static_cast<double>(cfg.steps) / train_seconds;
+  const int64_t steps_run = cfg.steps - start_step;
+  const double mean_tps =
+      train_seconds > 0 ? tokens_per_step * static_cast<double>(steps_run) / train_seconds : 0.0;
   metrics.write({{"event", "end"},
                  {"steps", cfg.steps},
+                 {"start_step", start_step},
                  {"first_train_loss", first_loss},
                  {"final_train_loss", last_loss},
                  {"final_val_loss", last_val},
@@ -576,6 +728,11 @@ int main(int argc, char** argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;
     return 2;
+  } catch (const fsdp::train::CheckpointError& e) {
+    // Checkpoint calls fail collectively (same error on every rank): rank 0 reports, all exit.
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;
+    return 1;
   } catch (const std::exception& e) {
     int init = 0;
     MPI_Initialized(&init);

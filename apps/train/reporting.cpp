@@ -91,7 +91,7 @@ std::string TraceRecorder::serialize() const {
   };
   meta("process_name", 0, "rank " + std::to_string(rank_));
   meta("thread_name", 0, "compute");
-  meta("thread_name", 1, "communication (busy time per step and kind, not per op)");
+  meta("thread_name", 1, "communication (one event per collective)");
   for (const auto& e : events_) all.push_back(e);
   return all.dump();
 }

@@ -115,6 +115,9 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->group("Parallelism");
   app.add_option("--threads", c.threads, "Intra-op CPU threads per rank (at::set_num_threads)")
       ->check(positive)->group("Parallelism");
+  app.add_option("--forward-prefetch", c.forward_prefetch,
+                 "Issue the next unit's all-gather at each pre-forward (true|false)")
+      ->group("Parallelism");
   // Optimisation
   app.add_option("--global-batch-size", c.global_batch_size,
                  "Sequences per optimizer step, all ranks together (divisible by the world size)")
@@ -168,6 +171,28 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--trace", c.trace,
                  "Write a Chrome trace (chrome://tracing, Perfetto) of all ranks to this path")
       ->group("Output");
+  // Checkpoints
+  app.add_option("--save", c.save,
+                 "Write sharded checkpoints (fsdp::checkpoint::save_sharded) to this directory: "
+                 "every --save-every steps and after the last step")
+      ->group("Checkpoints");
+  app.add_option("--save-every", c.save_every,
+                 "Steps between checkpoints (0: only after the last step); needs --save")
+      ->check(non_negative)->group("Checkpoints");
+  app.add_option("--keep", c.keep, "Keep only the newest K checkpoints in --save (0: keep all)")
+      ->check(non_negative)->group("Checkpoints");
+  app.add_option("--resume", c.resume,
+                 "Resume from a checkpoint directory, a directory of checkpoints (its latest), or "
+                 "'latest' (the latest in --save). Any world size. A missing or bad checkpoint is "
+                 "an error")
+      ->group("Checkpoints");
+  app.add_option("--export", c.export_path,
+                 "After training, write the full state dict to this file (torch.load-able)")
+      ->group("Checkpoints");
+  app.add_option("--import", c.import_path,
+                 "Before training, load full weights from this file (written by --export or by "
+                 "torch.save of a dict of tensors); optimizer state starts fresh (fine-tuning)")
+      ->group("Checkpoints");
   app.add_option("--config", c.config_file,
                  "TOML file with the same keys as the long flags (e.g. global_batch_size = 32); "
                  "flags on the command line override it")
@@ -184,6 +209,17 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
     for (auto& s : all) ptrs.push_back(s.data());
     app.parse(static_cast<int>(ptrs.size()), ptrs.data());
     if (c.min_lr > c.lr) throw CLI::ValidationError("--min-lr", "must not exceed --lr");
+    if (c.save.empty() && (c.save_every > 0 || c.keep > 0)) {
+      throw CLI::ValidationError("--save-every/--keep", "need --save DIR");
+    }
+    if (c.resume == "latest" && c.save.empty()) {
+      throw CLI::ValidationError("--resume", "'latest' means the latest checkpoint in --save DIR: "
+                                             "give --save, or a checkpoint path");
+    }
+    if (!c.resume.empty() && !c.import_path.empty()) {
+      throw CLI::ValidationError("--import", "cannot be combined with --resume (the checkpoint "
+                                             "already holds the weights)");
+    }
   } catch (const CLI::ParseError& e) {
     std::ostringstream null_out, null_err;
     *exit_code = rank == 0 ? app.exit(e) : app.exit(e, null_out, null_err);

@@ -23,6 +23,7 @@ struct TrainConfig {
   std::string strategy = "full_shard";
   std::string mixed_precision = "fp32";  ///< fp32 | bf16 | fp16
   int threads = 1;                       ///< intra-op threads per rank
+  bool forward_prefetch = true;          ///< FullyShardOptions::forward_prefetch of every unit
   // Optimisation
   int64_t global_batch_size = 32;  ///< sequences per optimizer step, all ranks together
   int64_t micro_batch_size = 0;    ///< sequences per forward per rank; 0 = G/N (no accumulation)
@@ -47,6 +48,13 @@ struct TrainConfig {
   std::string metrics;  ///< JSON-lines path (rank 0)
   std::string trace;    ///< Chrome trace path
   std::string config_file;
+  // Checkpoints
+  std::string save;         ///< sharded checkpoint directory ("" = no checkpoints)
+  int64_t save_every = 0;   ///< steps between saves (0: only after the last step); needs --save
+  int64_t keep = 0;         ///< keep the newest K checkpoints in --save (0: all)
+  std::string resume;       ///< checkpoint (or directory of checkpoints) to resume; "latest" = --save
+  std::string export_path;  ///< full state dict (torch.load-able) written after training
+  std::string import_path;  ///< full weights loaded before training (fine-tuning)
 };
 
 /// Parses argv (and the TOML file named by --config, whose keys are the long flag names with '-' or

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""End-to-end tests of fsdp-train, run by ctest (apps/CMakeLists.txt) under mpirun.
+
+  train_e2e.py resume  --bin build/bin/fsdp-train --data-dir ./data
+      Checkpoint / resume / export / import of fsdp-train:
+      * a 6-step run at N=2 saving every step with --keep 4 (checks that exactly step-3..6 remain)
+        and exporting; a run resumed at N=2 from step 3 repeats the losses of steps 4-6 bit for bit;
+        a run resumed at N=1 from the same checkpoint matches them within 1e-5 relative;
+      * fp16: the loss scale and the losses after a resume are bit for bit those of the run;
+      * --import of the exported file reproduces the exported weights (torch.load, when torch is
+        importable);
+      * a missing --resume path and a checkpoint of another model fail with a clear error and a
+        non-zero exit, and train no step.
+  train_e2e.py parity  --bin ... --data-dir ...
+      --mixed-precision fp32 --strategy full_shard: the losses of the first 20 steps at N = 1, 2
+      and 4 agree within 1e-4 relative (issue 3).
+
+Exit 0: pass; 77: skipped (no data / no mpirun); anything else: fail.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+TINY = ["--model", "nano", "--n-layer", "2", "--n-embd", "64", "--global-batch-size", "4",
+        "--seq-len", "32", "--eval-every", "0", "--eval-batches", "1", "--progress", "lines",
+        "--warmup-steps", "2"]
+
+
+def launch(args, n, opts, expect_ok=True):
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), opts.bin,
+           "--data-dir", opts.data_dir] + TINY + args
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    t0 = time.time()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                       timeout=300)
+    dt = time.time() - t0
+    if expect_ok and p.returncode != 0:
+        sys.stderr.write(p.stdout + p.stderr)
+        raise SystemExit("FAIL: exit %d: %s" % (p.returncode, " ".join(cmd)))
+    print("  n=%d %.1fs rc=%d: %s" % (n, dt, p.returncode, " ".join(args)), flush=True)
+    return p
+
+
+def events(path, kind):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [e for e in map(json.loads, f) if e.get("event") == kind]
+
+
+def losses(path):
+    return {e["step"]: e["loss"] for e in events(path, "step")}
+
+
+def error_line(p):
+    lines = [l for l in p.stderr.splitlines() if "fsdp-train: error:" in l]
+    return lines[0][:240] if lines else ""
+
+
+def max_rel(a, b, steps):
+    return max(abs(a[s] - b[s]) / abs(a[s]) for s in steps)
+
+
+def check(cond, msg):
+    if not cond:
+        raise SystemExit("FAIL: " + msg)
+    print("  ok: " + msg, flush=True)
+
+
+def test_resume(opts, tmp):
+    ck = os.path.join(tmp, "ck")
+    full_pt = os.path.join(tmp, "full.pt")
+    m_a = os.path.join(tmp, "a.jsonl")
+    launch(["--steps", "6", "--save", ck, "--save-every", "1", "--keep", "4", "--export", full_pt,
+            "--metrics", m_a], 2, opts)
+    a = losses(m_a)
+    check(sorted(a) == [1, 2, 3, 4, 5, 6], "uninterrupted run has steps 1-6")
+    saves = events(m_a, "checkpoint")
+    check([e["step"] for e in saves] == [1, 2, 3, 4, 5, 6], "one checkpoint event per step")
+    print("  save_s: " + ", ".join("%.3f" % e["save_s"] for e in saves))
+    kept = sorted(d for d in os.listdir(ck) if d.startswith("step-"))
+    check(kept == ["step-%09d" % s for s in (3, 4, 5, 6)], "--keep 4 leaves step 3-6: %s" % kept)
+    cfg = events(m_a, "config")[0]
+    check(cfg["save"] == ck and cfg["save_every"] == 1 and cfg["keep"] == 4 and
+          cfg["export"] == full_pt and cfg["forward_prefetch"] is True, "config line records settings")
+    check(os.path.isfile(full_pt) and events(m_a, "export"), "export written")
+
+    m_b = os.path.join(tmp, "b.jsonl")
+    launch(["--steps", "6", "--resume", os.path.join(ck, "step-000000003"), "--metrics", m_b],
+           2, opts)
+    b = losses(m_b)
+    cfg_b = events(m_b, "config")[0]
+    check(sorted(b) == [4, 5, 6] and cfg_b["start_step"] == 3,
+          "resumed run trains steps 4-6 (load %.3f s)" % cfg_b["load_s"])
+    diff = [(s, a[s], b[s]) for s in (4, 5, 6) if a[s] != b[s]]
+    check(not diff, "N=2 -> N=2 resume: losses of steps 4-6 bit for bit %s" % (diff or ""))
+
+    m_c = os.path.join(tmp, "c.jsonl")
+    launch(["--steps", "6", "--resume", os.path.join(ck, "step-000000003"), "--metrics", m_c],
+           1, opts)
+    c = losses(m_c)
+    rel = max_rel(a, c, (4, 5, 6))
+    check(sorted(c) == [4, 5, 6] and rel <= 1e-5,
+          "N=2 -> N=1 resume: max rel diff %.3g <= 1e-5 (%d of 3 bit-equal)" %
+          (rel, sum(a[s] == c[s] for s in (4, 5, 6))))
+
+    # --resume latest (the latest in --save): the run is complete, nothing left to train.
+    m_l = os.path.join(tmp, "l.jsonl")
+    launch(["--steps", "6", "--save", ck, "--resume", "latest", "--metrics", m_l], 1, opts)
+    check(events(m_l, "config")[0]["start_step"] == 6 and not events(m_l, "step"),
+          "--resume latest picks step 6")
+
+    # fp16: the GradScaler state travels with the checkpoint.
+    ck16 = os.path.join(tmp, "ck16")
+    m_f = os.path.join(tmp, "f.jsonl")
+    m_g = os.path.join(tmp, "g.jsonl")
+    fp16 = ["--mixed-precision", "fp16", "--steps", "4"]
+    launch(fp16 + ["--save", ck16, "--save-every", "2", "--metrics", m_f], 1, opts)
+    launch(fp16 + ["--resume", ck16 + "/step-000000002", "--metrics", m_g], 1, opts)
+    f = {e["step"]: (e["loss"], e["loss_scale"]) for e in events(m_f, "step")}
+    g = {e["step"]: (e["loss"], e["loss_scale"]) for e in events(m_g, "step")}
+    check(all(f[s] == g[s] for s in (3, 4)), "fp16 resume: loss and loss_scale of steps 3-4 bit "
+          "for bit %s" % [(f[s], g[s]) for s in (3, 4)])
+
+    # --import: the exported weights are loaded (a 1-step run at lr ~0 re-exports them).
+    re_pt = os.path.join(tmp, "re.pt")
+    m_i = os.path.join(tmp, "i.jsonl")
+    launch(["--steps", "1", "--lr", "1e-30", "--min-lr", "0", "--import", full_pt, "--export",
+            re_pt, "--metrics", m_i], 1, opts)
+    check(events(m_i, "config")[0]["import"] == full_pt, "import recorded")
+    try:
+        import torch
+    except ImportError:
+        print("  (torch not importable: export/import content check skipped)")
+    else:
+        x = torch.load(full_pt, weights_only=True)
+        y = torch.load(re_pt, weights_only=True)
+        worst = max((x[k] - y[k]).abs().max().item() for k in x)
+        check(sorted(x) == sorted(y) and "wte.weight" in x and worst < 1e-6,
+              "torch.load of the export: %d tensors; import + 1 step at lr 1e-30 re-exports them "
+              "(max abs diff %.3g)" % (len(x), worst))
+
+    # Bad input: a clear error and a non-zero exit, never a silent fresh start.
+    m_e = os.path.join(tmp, "e.jsonl")
+    p = launch(["--steps", "6", "--resume", os.path.join(tmp, "nope"), "--metrics", m_e], 1, opts,
+               expect_ok=False)
+    check(p.returncode != 0 and "nope" in error_line(p) and not events(m_e, "step"),
+          "missing --resume dir: exit %d, %r" % (p.returncode, error_line(p)))
+    p = launch(["--steps", "6", "--n-embd", "32", "--resume", ck, "--metrics", m_e], 1, opts,
+               expect_ok=False)
+    check(p.returncode != 0 and "another model" in error_line(p) and not events(m_e, "step"),
+          "wrong model: exit %d, %r" % (p.returncode, error_line(p)))
+    p = launch(["--steps", "1", "--n-embd", "32", "--import", full_pt], 1, opts, expect_ok=False)
+    check(p.returncode != 0 and "--import" in error_line(p),
+          "wrong model for --import: exit %d, %r" % (p.returncode, error_line(p)))
+
+
+def test_parity(opts, tmp):
+    runs = {}
+    for n in (1, 2, 4):
+        m = os.path.join(tmp, "p%d.jsonl" % n)
+        launch(["--steps", "20", "--mixed-precision", "fp32", "--strategy", "full_shard",
+                "--metrics", m], n, opts)
+        runs[n] = losses(m)
+        check(sorted(runs[n]) == list(range(1, 21)), "N=%d has 20 steps" % n)
+    steps = range(1, 21)
+    for n in (2, 4):
+        rel = max_rel(runs[1], runs[n], steps)
+        check(rel <= 1e-4, "N=1 vs N=%d: max rel loss diff over 20 steps %.3g <= 1e-4" % (n, rel))
+    check(runs[1][20] < runs[1][1], "loss decreases (%.4f -> %.4f)" % (runs[1][1], runs[1][20]))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["resume", "parity"])
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--data-dir", required=True)
+    opts = ap.parse_args()
+    if shutil.which("mpirun") is None:
+        print("SKIP: no mpirun")
+        return 77
+    if not os.path.isfile(os.path.join(opts.data_dir, "spm_8192.model")):
+        print("SKIP: no data in %s (run scripts/prepare_data.sh %s)" % (opts.data_dir, opts.data_dir))
+        return 77
+    tmp = tempfile.mkdtemp(prefix="fsdp-train-e2e-")
+    try:
+        t0 = time.time()
+        (test_resume if opts.mode == "resume" else test_parity)(opts, tmp)
+        print("PASS (%.1f s)" % (time.time() - t0))
+        return 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
