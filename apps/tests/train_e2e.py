@@ -9,8 +9,9 @@
       * fp16: the loss scale and the losses after a resume are bit for bit those of the run;
       * --import of the exported file reproduces the exported weights (torch.load, when torch is
         importable);
-      * a missing --resume path and a checkpoint of another model fail with a clear error and a
-        non-zero exit, and train no step.
+      * a missing --resume path, a checkpoint of another model, an --import file of another model
+        and an unusable --save directory fail with a clear error and a non-zero exit, and train
+        no step.
   train_e2e.py parity  --bin ... --data-dir ...
       --mixed-precision fp32 --strategy full_shard: the losses of the first 20 steps at N = 1, 2
       and 4 agree within 1e-4 relative (issue 3).
@@ -155,6 +156,11 @@ def test_resume(opts, tmp):
                expect_ok=False)
     check(p.returncode != 0 and "another model" in error_line(p) and not events(m_e, "step"),
           "wrong model: exit %d, %r" % (p.returncode, error_line(p)))
+    p = launch(["--steps", "6", "--save", os.path.join(full_pt, "ck"), "--metrics", m_e], 1, opts,
+               expect_ok=False)
+    check(p.returncode == 2 and "--save" in error_line(p) and not events(m_e, "step"),
+          "unusable --save dir rejected before training: exit %d, %r" %
+          (p.returncode, error_line(p)))
     p = launch(["--steps", "1", "--n-embd", "32", "--import", full_pt], 1, opts, expect_ok=False)
     check(p.returncode != 0 and "--import" in error_line(p),
           "wrong model for --import: exit %d, %r" % (p.returncode, error_line(p)))

@@ -41,6 +41,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -465,6 +466,22 @@ int run(int argc, char** argv) {
     loss_scaling.load_state(st);
   }
 
+  // --save must be a writable directory (created if missing): checked now, not at the first save.
+  if (!cfg.save.empty()) {
+    std::string why;
+    if (rank == 0) {
+      std::error_code ec;
+      std::filesystem::create_directories(cfg.save, ec);
+      if (ec) why = "cannot create it: " + ec.message();
+      else if (!is_dir(cfg.save)) why = "not a directory";
+      else if (::access(cfg.save.c_str(), W_OK | X_OK) != 0) why = "not writable";
+    }
+    at::Tensor bad = at::tensor(std::vector<int64_t>{why.empty() ? 0 : 1}, at::kLong);
+    group->all_reduce(bad, comm::ReduceOp::kMax)->wait();
+    if (bad.item<int64_t>() != 0) {
+      throw UsageError("--save '" + cfg.save + "': " + (why.empty() ? "unusable on rank 0" : why));
+    }
+  }
   JsonLines metrics(cfg.metrics, rank);
   TraceRecorder trace(rank, !cfg.trace.empty());
   if (rank == 0 && !cfg.trace.empty() && !std::ofstream(cfg.trace, std::ios::trunc)) {

@@ -223,6 +223,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   } catch (const CLI::ParseError& e) {
     std::ostringstream null_out, null_err;
     *exit_code = rank == 0 ? app.exit(e) : app.exit(e, null_out, null_err);
+    if (*exit_code != 0) *exit_code = 2;  // CLI11's own codes (105, 106...) -> the documented 2
     return std::nullopt;
   }
   return c;
