@@ -81,9 +81,12 @@ std::vector<ParamView> param_views(const std::shared_ptr<torch::nn::Module>& roo
       FSDP_CHECK(ug.rank() == g.rank(), "[fsdp rank ", g.rank(), "] ", op, ": unit '",
                  sp.unit->name(), "' ranks its group differently (rank ", ug.rank(),
                  ") from the checkpoint group (rank ", g.rank(), "): unsupported");
-      v.row_begin = s.row_offset(ug.rank());
-      v.rows = s.real_rows(ug.rank());
-      v.writer = true;
+      // Rows are indexed by the shard rank (no_shard: 0 and all rows; hybrid: the position in the
+      // shard group). Replicated rows are written once, by replica 0; every rank reads its rows.
+      const int64_t sr = sp.unit->shard_rank();
+      v.row_begin = s.row_offset(sr);
+      v.rows = s.real_rows(sr);
+      v.writer = sp.unit->num_replicas() == 1 || sp.unit->replicate_group()->rank() == 0;
     } else if (ug.size() == 1) {  // replicated on every rank: rank 0 writes, all read all rows
       v.row_begin = 0;
       v.rows = s.dim0;
@@ -91,8 +94,7 @@ std::vector<ParamView> param_views(const std::shared_ptr<torch::nn::Module>& roo
     } else {
       throw Error(str_cat("[fsdp rank ", g.rank(), "] ", op, ": parameter '", sp.name,
                           "' is sharded over a group of ", ug.size(),
-                          " ranks; the checkpoint group has ", g.size(),
-                          " (hybrid sharding is not supported by checkpoints yet)"));
+                          " ranks; the checkpoint group has ", g.size()));
     }
     managed[sp.param->module_param.unsafeGetTensorImpl()] = true;
     out.push_back(std::move(v));

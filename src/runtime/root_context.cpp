@@ -7,7 +7,8 @@ namespace fsdp {
 int RootContext::num_unsharded_non_root() const {
   int n = 0;
   for (FSDPUnit* u : units) {
-    if (u != root && u->sharded_state() != ShardedState::kSharded) ++n;
+    // no_shard / zero1 units hold their full params as state, not as transient unsharded units.
+    if (u != root && !u->keeps_full_params() && u->sharded_state() != ShardedState::kSharded) ++n;
   }
   return n;
 }

@@ -13,12 +13,22 @@ namespace fsdp_test {
 
 /// Strategies this build implements; parity scenarios run each of them.
 inline std::vector<fsdp::ShardingStrategy> implemented_strategies() {
-  return {fsdp::ShardingStrategy::kFullShard, fsdp::ShardingStrategy::kShardGradOp};
+  return {fsdp::ShardingStrategy::kFullShard, fsdp::ShardingStrategy::kShardGradOp,
+          fsdp::ShardingStrategy::kNoShard, fsdp::ShardingStrategy::kHybridShard,
+          fsdp::ShardingStrategy::kZero1};
 }
 
-inline fsdp::FullyShardOptions options_for(fsdp::ShardingStrategy s) {
+/// Shard group size the tests use for hybrid_shard at world size N: N/2 for even N >= 4 (4 = 2x2),
+/// 1 otherwise (N = 2: 1x2, N = 1, 3: one rank per shard group, all ranks replicas).
+inline int hybrid_size_for(int world) { return world >= 4 && world % 2 == 0 ? world / 2 : 1; }
+
+/// Options of strategy s at world size `world` (0: unknown, hybrid then shards over the whole group).
+inline fsdp::FullyShardOptions options_for(fsdp::ShardingStrategy s, int world = 0) {
   fsdp::FullyShardOptions o;
   o.strategy = s;
+  if (s == fsdp::ShardingStrategy::kHybridShard && world > 0) {
+    o.hybrid_shard_group_size = hybrid_size_for(world);
+  }
   return o;
 }
 

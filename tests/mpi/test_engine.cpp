@@ -20,7 +20,7 @@ ParityRun transformer_run(fsdp::ShardingStrategy strategy) {
   ParityRun run;
   run.make_model = [] { return TinyTransformer(kVocab, kDim, kHeads, kLayers, kCtx).ptr(); };
   run.shard = [=](const std::shared_ptr<torch::nn::Module>& m, fsdp::comm::ProcessGroupPtr g) {
-    fsdp::fully_shard_tree(m, g, fsdp::wrap_by_type<TinyBlockImpl>(), options_for(strategy));
+    fsdp::fully_shard_tree(m, g, fsdp::wrap_by_type<TinyBlockImpl>(), options_for(strategy, g->size()));
   };
   run.forward = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& idx) {
     auto t = std::dynamic_pointer_cast<TinyTransformerImpl>(m);
@@ -183,11 +183,11 @@ TEST(Engine, ParameterSharedAcrossUnitsIsRejected) {
   }
 }
 
-// Unsupported strategies are rejected, never silently downgraded.
-TEST(Engine, UnimplementedStrategyIsRejected) {
-  for (auto s : {fsdp::ShardingStrategy::kHybridShard}) {
-    auto lin = torch::nn::Linear(4, 4).ptr();
-    EXPECT_THROW(fsdp::fully_shard(lin, world(), options_for(s)), fsdp::Error) << fsdp::to_string(s);
+// Every strategy name parses back; unknown names are rejected, never silently downgraded (invalid
+// strategy combinations: tests/mpi/test_strategies.cpp).
+TEST(Engine, StrategyNamesParse) {
+  for (auto s : implemented_strategies()) {
+    EXPECT_EQ(fsdp::parse_sharding_strategy(fsdp::to_string(s)), s);
   }
   EXPECT_THROW(fsdp::parse_sharding_strategy("zero4"), fsdp::Error);
 }

@@ -22,9 +22,9 @@ ParityRun mlp_run(int64_t in, int64_t hidden, int64_t out, bool relu, int64_t ex
   run.make_model = [=] { return MLP(in, hidden, out, relu, extra).ptr(); };
   run.shard = [=](const std::shared_ptr<torch::nn::Module>& m, fsdp::comm::ProcessGroupPtr g) {
     auto mlp = std::dynamic_pointer_cast<MLPImpl>(m);
-    fsdp::fully_shard(mlp->fc1.ptr(), g, options_for(strategy));
-    fsdp::fully_shard(mlp->fc2.ptr(), g, options_for(strategy));
-    fsdp::fully_shard(mlp, g, options_for(strategy));
+    fsdp::fully_shard(mlp->fc1.ptr(), g, options_for(strategy, g->size()));
+    fsdp::fully_shard(mlp->fc2.ptr(), g, options_for(strategy, g->size()));
+    fsdp::fully_shard(mlp, g, options_for(strategy, g->size()));
   };
   run.forward = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x) {
     auto mlp = std::dynamic_pointer_cast<MLPImpl>(m);
@@ -84,7 +84,7 @@ TEST(Scenarios, S3_EmptyShardsJoinEveryCollective) {
     ParityRun run;
     run.make_model = [] { return torch::nn::Linear(2, 1).ptr(); };
     run.shard = [=](const std::shared_ptr<torch::nn::Module>& m, fsdp::comm::ProcessGroupPtr g) {
-      fsdp::fully_shard(m, g, options_for(strategy));
+      fsdp::fully_shard(m, g, options_for(strategy, g->size()));
     };
     run.forward = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x) {
       auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(m);
@@ -137,9 +137,11 @@ TEST(Scenarios, S4_FrozenAndTrainableInOneUnit) {
       EXPECT_FALSE(w->sharded_param.grad().defined()) << "frozen weight got a gradient";
       if (!frozen_before) frozen_before = std::make_shared<at::Tensor>(w->sharded_param.clone());
       EXPECT_TRUE(at::equal(w->sharded_param, *frozen_before)) << "frozen weight changed, step " << step;
-      // bias shard only: ceil(8 / N) rows on the ranks that own rows
-      const int64_t bias_rows = (8 + g->size() - 1) / g->size();
-      int64_t real = std::clamp<int64_t>(8 - g->rank() * bias_rows, 0, bias_rows);
+      // bias rows only: ceil(8 / S) rows on the ranks that own rows, S the shard group size
+      // (N for full_shard, shard_grad_op, zero1; the hybrid size; 1 for no_shard)
+      const int64_t S = unit->shard_group()->size();
+      const int64_t bias_rows = (8 + S - 1) / S;
+      int64_t real = std::clamp<int64_t>(8 - unit->shard_rank() * bias_rows, 0, bias_rows);
       EXPECT_EQ(unit->sharded_grad_bytes(), real * 4);
     };
     run_parity(run, g);
@@ -203,16 +205,34 @@ TEST(Scenarios, S5_UnusedUnitGetsNoGradient) {
 
 // S6: Linear(8,16) -> Linear(16,16) -> Linear(16,4), max_norm 0.01, norm types 2 and inf. The norm
 // is identical on all ranks and equals the reference norm; clipped grads equal the reference's.
+// Variants: all sharded, middle unit replicated (no_shard inside a full_shard tree), all
+// replicated (no_shard), and hybrid_shard (replicated across shard groups).
 TEST(Scenarios, S6_ClipGradNormMatchesReference) {
   auto g = world();
   const int N = g->size(), r = g->rank();
+  using S = fsdp::ShardingStrategy;
+  struct Variant {
+    const char* name;
+    S outer, middle;
+  };
+  const Variant variants[] = {{"all sharded", S::kFullShard, S::kFullShard},
+                              {"middle unit replicated", S::kFullShard, S::kNoShard},
+                              {"all replicated", S::kNoShard, S::kNoShard},
+                              {"hybrid", S::kHybridShard, S::kHybridShard}};
+  for (const auto& variant : variants)
   for (double norm_type : {2.0, std::numeric_limits<double>::infinity()}) {
-    SCOPED_TRACE("norm type " + std::to_string(norm_type));
+    SCOPED_TRACE(std::string(variant.name) + ", norm type " + std::to_string(norm_type));
     torch::manual_seed(6);
     auto ref = Chain(std::vector<int64_t>{8, 16, 16, 4}).ptr();
     torch::manual_seed(6);
     auto model = Chain(std::vector<int64_t>{8, 16, 16, 4}).ptr();
-    fsdp::fully_shard_tree(model, g, fsdp::wrap_by_type<torch::nn::LinearImpl>());
+    for (size_t i = 0; i < model->layers.size(); ++i) {
+      fsdp::fully_shard(model->layers[i].ptr(), g, options_for(i == 1 ? variant.middle : variant.outer, N));
+    }
+    fsdp::fully_shard(model, g, options_for(variant.outer, N));
+    if (variant.middle == S::kNoShard) {
+      EXPECT_EQ(fsdp::find_unit(model->layers[1].get())->num_replicas(), N);
+    }
     for (int step = 0; step < 3; ++step) {
       auto [x, y] = regression_batch(step, N * 3, 8, 4);
       ref->zero_grad();
@@ -243,9 +263,9 @@ TEST(Scenarios, S7_GradientAccumulation) {
       auto ref = MLP(6, 10, 3).ptr();
       torch::manual_seed(7);
       auto model = MLP(6, 10, 3).ptr();
-      fsdp::fully_shard(model->fc1.ptr(), g, options_for(strategy));
-      fsdp::fully_shard(model->fc2.ptr(), g, options_for(strategy));
-      fsdp::fully_shard(model, g, options_for(strategy));
+      fsdp::fully_shard(model->fc1.ptr(), g, options_for(strategy, N));
+      fsdp::fully_shard(model->fc2.ptr(), g, options_for(strategy, N));
+      fsdp::fully_shard(model, g, options_for(strategy, N));
       auto ref_opt = sgd(0.1)(ref->parameters());
       auto opt = sgd(0.1)(fsdp::parameters(model));
       for (int step = 0; step < 3; ++step) {

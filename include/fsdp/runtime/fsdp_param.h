@@ -20,6 +20,9 @@ namespace fsdp {
 /// - `module_param`: the parameter object the module computes with (the unsharded param). Its data
 ///   always views `unsharded_padded`, whose storage is allocated while the unit is unsharded and
 ///   resized to 0 bytes while it is sharded; views of it saved by autograd see the re-gathered data.
+///   Strategies: with no_shard and no param_dtype cast, `unsharded_padded` *is* `sharded_storage`
+///   (the module param aliases the full rows, never freed); with zero1 its storage stays allocated
+///   between steps (full params), refreshed by an all-gather when the rows changed.
 struct FSDPParam {
   std::string fqn;                 ///< name relative to the unit's module
   std::vector<int64_t> shape;      ///< unsharded shape

@@ -52,12 +52,22 @@ class FSDPUnit {
   /// The unit's data-parallel group: every rank that trains this unit (the fully_shard argument).
   const comm::ProcessGroupPtr& group() const { return group_; }
   /// The group the params are sharded over (all-gather / reduce-scatter); rows of the specs are
-  /// indexed by shard_rank(). FULL_SHARD and SHARD_GRAD_OP: group().
-  const comm::ProcessGroupPtr& shard_group() const { return group_; }
+  /// indexed by shard_rank(). full_shard, shard_grad_op, zero1: group(); hybrid_shard: the
+  /// hybrid_shard_group_size consecutive ranks containing this rank; no_shard: a group of this rank
+  /// alone (every rank holds all rows). Sub-groups are split once per (group, size) and shared by
+  /// all units (see fully_shard).
+  const comm::ProcessGroupPtr& shard_group() const { return shard_group_; }
   /// This rank's index into the params' dim-0 layout (ParamShardSpec::real_rows(shard_rank())).
-  int64_t shard_rank() const { return group_->rank(); }
+  int64_t shard_rank() const { return shard_group_->rank(); }
+  /// The ranks holding the same rows as this one (gradients are all-reduced over it), or nullptr
+  /// when each rank's rows are distinct. no_shard: group(); hybrid_shard: ranks with the same
+  /// position in their shard group (null when the shard group is the whole group).
+  const comm::ProcessGroupPtr& replicate_group() const { return replicate_group_; }
   /// How many ranks hold a copy of each shard (1 when every rank holds distinct rows).
-  int64_t num_replicas() const { return 1; }
+  int64_t num_replicas() const { return replicate_group_ ? replicate_group_->size() : 1; }
+  /// True for strategies whose module params keep their full data between steps (no_shard,
+  /// zero1): they are not counted against max_unsharded_units.
+  bool keeps_full_params() const;
   const FullyShardOptions& options() const { return options_; }
   std::vector<FSDPParam>& params() { return params_; }
   const std::vector<FSDPParam>& params() const { return params_; }
@@ -99,22 +109,34 @@ class FSDPUnit {
   // Internal: set by the root's lazy init.
   std::shared_ptr<RootContext> root_context() const { return root_; }
   void set_root_context(std::shared_ptr<RootContext> root) { root_ = std::move(root); }
-  /// Waits for this unit's in-flight reduce-scatter and adds its result to the sharded grads.
+  /// Waits for this unit's in-flight gradient reduction and adds its result to the sharded grads:
+  /// the reduce-scatter (plus, for hybrid_shard, the all-reduce across replicas, blocking); for
+  /// no_shard, at the end of a backward the unit took part in, first issues every bucket not issued
+  /// yet (parameters without a gradient contribute zeros), then waits for all of them.
   void finish_reduce_scatter();
+  /// no_shard: called by the AccumulateGrad post-hook of trainable parameter `index` once its
+  /// gradient of this backward is accumulated; issues the buckets that became complete, in order.
+  void on_grad_accumulated(int index);
 
  private:
   std::string where() const;  // "[fsdp rank R] unit 'name'"
   void init_shards();
   void lazy_init_root();
-  void check_consistency_across_ranks();
+  void check_consistency_across_ranks(int shard_size);
   void copy_out_all_gather();
   void issue_reduce_scatter();
   bool reshard_after_forward() const;
+  bool params_aliased() const;   // no_shard with param_dtype == original dtype
+  bool params_fresh() const;     // zero1: full params hold the current sharded rows
+  void build_buckets();
+  void issue_bucket(size_t b);
 
   std::weak_ptr<torch::nn::Module> module_;
   torch::nn::Module* module_raw_;
   std::string name_;
   comm::ProcessGroupPtr group_;
+  comm::ProcessGroupPtr shard_group_;
+  comm::ProcessGroupPtr replicate_group_;
   FullyShardOptions options_;
   std::vector<FSDPParam> params_;
   shard::FlatLayout gather_layout_;  // all params
@@ -134,6 +156,27 @@ class FSDPUnit {
   at::Tensor reduce_scatter_input_, reduce_scatter_output_;
   comm::WorkPtr reduce_scatter_work_;
   std::shared_ptr<RootContext> root_;
+  // zero1: versions of the sharded params when the full params were last gathered.
+  std::vector<int64_t> gathered_versions_;
+  bool grads_reduced_since_gather_ = false;  // zero1: a reduced gradient may have been applied
+  // no_shard gradient buckets (reverse parameter order), see docs/architecture.md "Strategies".
+  struct Bucket {
+    std::vector<int> params;  // indices into params_
+    int64_t numel = 0;
+    int ready = 0;
+    bool issued = false;
+    at::Tensor buffer;
+    comm::WorkPtr work;
+  };
+  std::vector<Bucket> buckets_;
+  std::vector<int> param_bucket_;    // params_ index -> bucket (-1: frozen)
+  std::vector<char> param_ready_;    // gradient of this backward accumulated
+  size_t next_bucket_ = 0;
+  bool backward_active_ = false;     // a hook of this unit ran in the current backward
+  // AccumulateGrad nodes of the trainable params (owning references: the tensor holds them
+  // weakly, and a node that dies takes its post-hook with it).
+  std::vector<std::shared_ptr<void>> grad_accumulators_;
+  std::shared_ptr<FSDPUnit*> self_cell_;  // read by the hooks; nulled by the destructor
 };
 
 }  // namespace fsdp

@@ -30,8 +30,16 @@ namespace fsdp {
 /// the same parameter names and shapes (checked: a mismatch throws fsdp::Error naming the parameter
 /// and both shapes, on every rank, instead of hanging). Every rank must hold the same initial
 /// values (same seed), as with PyTorch FSDP.
-/// Throws fsdp::Error for an unsupported strategy or option, a module already wrapped, or a parameter
-/// owned by another unit (a parameter shared across two units).
+/// Strategies (options.strategy; docs/architecture.md, "Strategies"): rows are spread over the
+/// unit's shard group (the whole group; hybrid_shard_group_size ranks for kHybridShard; this rank
+/// alone for kNoShard), and replicated over the replicate group. kHybridShard and kNoShard split
+/// `group` into sub-groups on first use (collective: same order on all ranks, which the rule above
+/// guarantees), cached per (group, size) and shared by all units. Strategies may differ per unit,
+/// but all units of one tree must use the same `group` (checked at the first forward).
+/// Throws fsdp::Error for an invalid option (hybrid_shard_group_size not dividing the group size,
+/// reshard_after_forward=true with kNoShard/kZero1, bucket_cap_bytes <= 0, options that differ
+/// across ranks), a module already wrapped, or a parameter owned by another unit (a parameter
+/// shared across two units).
 /// The module must be called through fsdp::call for the hooks to run.
 std::shared_ptr<FSDPUnit> fully_shard(std::shared_ptr<torch::nn::Module> module,
                                       comm::ProcessGroupPtr group,
@@ -134,7 +142,7 @@ R apply_post_forward(FSDPUnit& unit, R&& result) {
 }
 
 template <typename Holder>
-torch::nn::Module* module_ptr(Holder& m) {
+const torch::nn::Module* module_ptr(const Holder& m) {
   if constexpr (std::is_pointer_v<std::decay_t<Holder>>) {
     return m;
   } else {
@@ -162,7 +170,7 @@ auto call_unit(FSDPUnit& unit, Holder& m, std::index_sequence<I...> seq, Args&&.
 /// Supported with units: at::Tensor arguments (others pass through), results at::Tensor or
 /// std::vector<at::Tensor>. Blocking where the all-gather has not completed yet.
 template <typename Holder, typename... Args>
-auto call(Holder& module, Args&&... args) {
+auto call(Holder&& module, Args&&... args) {
   auto unit = find_unit(detail::module_ptr(module));
   if (!unit) return module->forward(std::forward<Args>(args)...);
   return detail::call_unit(*unit, module, std::index_sequence_for<Args...>{},

@@ -13,8 +13,15 @@ namespace fsdp {
 ///                forward and again before backward.
 ///  kShardGradOp (ZeRO-2): like kFullShard but params stay unsharded from forward to the end of
 ///                backward (no second all-gather).
-///  kNoShard (DDP), kHybridShard, kZero1: accepted by parse_sharding_strategy; fully_shard rejects
-///                those this build does not implement with an fsdp::Error.
+///  kNoShard    (DDP): every rank holds the full params, grads and optimizer state; gradients are
+///                all-reduced (average) in buckets of at most bucket_cap_bytes, issued during backward.
+///  kHybridShard: kFullShard inside shard groups of hybrid_shard_group_size consecutive ranks; the
+///                reduce-scattered gradient is then all-reduced (average) across the replica groups
+///                (ranks with the same position in their shard group).
+///  kZero1      (ZeRO-1): full params and (transient) full grads on every rank, optimizer state and
+///                fp32 master rows sharded; grads reduce-scattered, updated rows all-gathered lazily
+///                at the next pre-forward (only when the sharded rows changed since the last gather).
+/// Memory and traffic per strategy: docs/architecture.md, "Strategies".
 enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard, kZero1 };
 
 /// "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "zero1".
@@ -56,6 +63,13 @@ struct FullyShardOptions {
   /// the root unit (unsharded through the whole step) is not counted. Prefetch is skipped when the
   /// bound is reached. >= 1.
   int max_unsharded_units = 2;
+  /// kHybridShard only: ranks per shard group (consecutive ranks of the fully_shard group). Must
+  /// divide the group size (fsdp::Error otherwise). 0 (default) means the whole group: one shard
+  /// group, no replication, i.e. exactly kFullShard behaviour. Ignored by other strategies.
+  int hybrid_shard_group_size = 0;
+  /// kNoShard only: upper bound in bytes (in reduce_dtype) of one gradient all-reduce bucket (a
+  /// single parameter larger than this gets a bucket of its own). > 0. Default 25 MiB like DDP.
+  int64_t bucket_cap_bytes = 25 * 1024 * 1024;
 };
 
 }  // namespace fsdp
