@@ -295,6 +295,7 @@ TEST(Checkpoint, CrashAtAnyPointKeepsPreviousCheckpoint) {
   for (const auto& e : fs::directory_iterator(dir.path)) {
     EXPECT_NE(e.path().filename().string().rfind(".tmp-", 0), 0u) << "debris " << e.path();
   }
+  g->barrier()->wait();  // every rank has listed the folder before rank 0 starts the next save
   ckpt::verify_checkpoint(dir.sub("step-000000002"));
   // an interrupted directory is refused with a clear error, never loaded
   ckpt::SaveOptions bad = so;
