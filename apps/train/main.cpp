@@ -189,6 +189,8 @@ FullyShardOptions resolve_fsdp_options(const TrainConfig& c) {
     o.mixed_precision.reduce_dtype = dt;
   }
   o.forward_prefetch = c.forward_prefetch;
+  o.hybrid_shard_group_size = c.hybrid_shard_group_size;
+  o.bucket_cap_bytes = static_cast<int64_t>(c.bucket_cap_mb * 1024 * 1024);
   return o;
 }
 
@@ -508,6 +510,8 @@ int run(int argc, char** argv) {
       {"progress", cfg.progress}, {"metrics", cfg.metrics}, {"trace", cfg.trace},
       {"config_file", cfg.config_file}, {"backend", group->backend_name()},
       {"forward_prefetch", fsdp_options.forward_prefetch},
+      {"hybrid_shard_group_size", fsdp_options.hybrid_shard_group_size},
+      {"bucket_cap_bytes", fsdp_options.bucket_cap_bytes},
       {"root_output_dtype", root_options.mixed_precision.output_dtype ? "fp32" : "unchanged"},
       {"save", cfg.save}, {"save_every", cfg.save_every}, {"keep", cfg.keep},
       {"resume", cfg.resume}, {"resumed_from", resumed_from}, {"start_step", start_step},

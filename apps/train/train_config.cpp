@@ -118,6 +118,13 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--forward-prefetch", c.forward_prefetch,
                  "Issue the next unit's all-gather at each pre-forward (true|false)")
       ->group("Parallelism");
+  app.add_option("--hybrid-shard-group-size", c.hybrid_shard_group_size,
+                 "hybrid_shard: ranks per shard group (consecutive ranks, a simulated node); must "
+                 "divide the world size; 0 = all ranks (then hybrid_shard equals full_shard)")
+      ->check(CLI::NonNegativeNumber)->group("Parallelism");
+  app.add_option("--bucket-cap-mb", c.bucket_cap_mb,
+                 "no_shard: gradient all-reduce bucket size in MiB (issued during backward)")
+      ->check(CLI::PositiveNumber)->group("Parallelism");
   // Optimisation
   app.add_option("--global-batch-size", c.global_batch_size,
                  "Sequences per optimizer step, all ranks together (divisible by the world size)")

@@ -24,6 +24,8 @@ struct TrainConfig {
   std::string mixed_precision = "fp32";  ///< fp32 | bf16 | fp16
   int threads = 1;                       ///< intra-op threads per rank
   bool forward_prefetch = true;          ///< FullyShardOptions::forward_prefetch of every unit
+  int hybrid_shard_group_size = 0;       ///< ranks per shard group of hybrid_shard; 0 = all ranks
+  double bucket_cap_mb = 25.0;           ///< no_shard all-reduce bucket size in MiB
   // Optimisation
   int64_t global_batch_size = 32;  ///< sequences per optimizer step, all ranks together
   int64_t micro_batch_size = 0;    ///< sequences per forward per rank; 0 = G/N (no accumulation)
