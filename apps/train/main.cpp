@@ -389,10 +389,17 @@ int run(int argc, char** argv) {
   }
   data::Tokenizer tokenizer(spm_path);
   Corpus corpus = load_corpus(cfg, tokenizer, *group, console);
-  data::DistributedBatchSampler train_sampler(corpus.train, cfg.global_batch_size, T, rank, world,
-                                              cfg.seed);
-  data::DistributedBatchSampler val_sampler(corpus.val, cfg.global_batch_size, T, rank, world,
-                                            cfg.seed);
+  // The samplers check sizes the same way on every rank: a rejection is a usage error (clean exit
+  // on all ranks), not a crash.
+  auto make_sampler = [&](const auto& tokens, const char* split) {
+    try {
+      return data::DistributedBatchSampler(tokens, cfg.global_batch_size, T, rank, world, cfg.seed);
+    } catch (const std::exception& e) {
+      throw UsageError(std::string(split) + " data: " + e.what());
+    }
+  };
+  data::DistributedBatchSampler train_sampler = make_sampler(corpus.train, "training");
+  data::DistributedBatchSampler val_sampler = make_sampler(corpus.val, "validation");
 
   // 2. Model -----------------------------------------------------------------------------------------
   const models::GPTConfig mcfg = resolve_model(cfg, tokenizer.vocab_size());

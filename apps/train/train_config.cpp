@@ -106,8 +106,8 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       ->check(positive)->group("Data");
   // Parallelism
   app.add_option("--strategy", c.strategy,
-                 "Sharding strategy: full_shard, shard_grad_op, no_shard, hybrid_shard, zero1 "
-                 "(the ones this build does not implement are rejected)")
+                 "Sharding strategy: full_shard (ZeRO-3), shard_grad_op (ZeRO-2), zero1, no_shard "
+                 "(DDP), hybrid_shard (see --hybrid-shard-group-size)")
       ->group("Parallelism");
   app.add_option("--mixed-precision", c.mixed_precision,
                  "Unsharded param and gradient-reduction dtype (master weights and optimizer state "
