@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
+# The app tests train on the default corpus and tokenizer (idempotent; about a minute the first time).
+bash scripts/prepare_data.sh ./data
 # One rank per process, one intra-op thread per rank: the tests oversubscribe 2 cores with 4 ranks.
 export OMP_NUM_THREADS=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
