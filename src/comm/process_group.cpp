@@ -98,43 +98,39 @@ void ProcessGroup::worker_loop() {
       op = std::move(queue_.front());
       queue_.pop_front();
     }
-    double t0 = now_s();
-    std::exception_ptr err;
-    try {
-      op.fn();
-    } catch (...) {
-      err = std::current_exception();
-    }
-    op.fn = nullptr;  // release the op's tensors before signalling completion
-    double t1 = now_s();
-    if (op.counted) stats_->record_time(op.kind, t0, t1, op.bytes);
-    op.work->finish(err, t1 - t0);
+    run_op(op);
   }
+}
+
+void ProcessGroup::run_op(Op& op) {
+  double t0 = now_s();
+  std::exception_ptr err;
+  try {
+    op.fn();
+  } catch (...) {
+    err = std::current_exception();
+  }
+  op.fn = nullptr;  // release the op's tensors before signalling completion
+  double t1 = now_s();
+  if (op.counted) stats_->record_time(op.kind, t0, t1, op.bytes);
+  op.work->finish(err, t1 - t0);
 }
 
 WorkPtr ProcessGroup::enqueue(CollectiveKind kind, int64_t logical_bytes, std::function<void()> fn) {
   auto work = std::make_shared<Work>();
   if (logical_bytes >= 0) stats_->record_issue(kind, logical_bytes);
+  Op op{kind, logical_bytes >= 0, logical_bytes, std::move(fn), work};
   if (size_ == 1) {
     // A group of one rank has nothing to wait for: run inline (a local copy or nothing). Every op
     // of this group runs inline, so issue order is kept.
-    double t0 = now_s();
-    std::exception_ptr err;
-    try {
-      fn();
-    } catch (...) {
-      err = std::current_exception();
-    }
-    double t1 = now_s();
-    if (logical_bytes >= 0) stats_->record_time(kind, t0, t1, logical_bytes);
-    work->finish(err, t1 - t0);
+    run_op(op);
     return work;
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
     FSDP_CHECK(!stopping_, "[fsdp rank ", rank_, "] ", to_string(kind),
                " issued on a process group that is shutting down");
-    queue_.push_back(Op{kind, logical_bytes >= 0, logical_bytes, std::move(fn), work});
+    queue_.push_back(std::move(op));
   }
   cv_.notify_one();
   return work;

@@ -151,6 +151,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
     WorkPtr work;
   };
   std::deque<Op> queue_;
+  // Runs one op, records its time, releases its tensors, completes its Work.
+  void run_op(Op& op);
   bool stopping_ = false;
   std::thread worker_;
 };
