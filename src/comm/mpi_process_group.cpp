@@ -85,6 +85,14 @@ void wait_request(MPI_Request& req, const char* what) {
   }
 }
 
+// Starts a non-blocking collective with start(&request) and completes it (see wait_request).
+template <typename Start>
+void run_nonblocking(const char* what, Start&& start) {
+  MPI_Request req;
+  check_mpi(start(&req), what);
+  wait_request(req, what);
+}
+
 }  // namespace
 
 void MpiProcessGroup::init_mpi() {
@@ -146,11 +154,10 @@ void MpiProcessGroup::run_all_gather(const at::Tensor& output, const at::Tensor&
   check_cpu(input, "all_gather_into_tensor");
   check_cpu(output, "all_gather_into_tensor");
   int n = count_of(input, "all_gather_into_tensor");
-  MPI_Request req;
-  check_mpi(MPI_Iallgather(input.data_ptr(), n, mpi_type(input), output.data_ptr(), n,
-                           mpi_type(output), comm_, &req),
-            "MPI_Iallgather");
-  wait_request(req, "MPI_Iallgather");
+  run_nonblocking("MPI_Iallgather", [&](MPI_Request* req) {
+    return MPI_Iallgather(input.data_ptr(), n, mpi_type(input), output.data_ptr(), n,
+                          mpi_type(output), comm_, req);
+  });
 }
 
 void MpiProcessGroup::run_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
@@ -158,35 +165,31 @@ void MpiProcessGroup::run_reduce_scatter(const at::Tensor& output, const at::Ten
   check_cpu(input, "reduce_scatter_tensor");
   check_cpu(output, "reduce_scatter_tensor");
   int n = count_of(output, "reduce_scatter_tensor");
-  MPI_Request req;
-  check_mpi(MPI_Ireduce_scatter_block(input.data_ptr(), output.data_ptr(), n, mpi_type(input),
-                                      mpi_op(op), comm_, &req),
-            "MPI_Ireduce_scatter_block");
-  wait_request(req, "MPI_Ireduce_scatter_block");
+  run_nonblocking("MPI_Ireduce_scatter_block", [&](MPI_Request* req) {
+    return MPI_Ireduce_scatter_block(input.data_ptr(), output.data_ptr(), n, mpi_type(input),
+                                     mpi_op(op), comm_, req);
+  });
 }
 
 void MpiProcessGroup::run_all_reduce(const at::Tensor& tensor, ReduceOp op) {
   check_cpu(tensor, "all_reduce");
   int n = count_of(tensor, "all_reduce");
-  MPI_Request req;
-  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), n, mpi_type(tensor), mpi_op(op), comm_,
-                           &req),
-            "MPI_Iallreduce");
-  wait_request(req, "MPI_Iallreduce");
+  run_nonblocking("MPI_Iallreduce", [&](MPI_Request* req) {
+    return MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), n, mpi_type(tensor), mpi_op(op), comm_,
+                          req);
+  });
 }
 
 void MpiProcessGroup::run_broadcast(const at::Tensor& tensor, int root) {
   check_cpu(tensor, "broadcast");
   int n = count_of(tensor, "broadcast");
-  MPI_Request req;
-  check_mpi(MPI_Ibcast(tensor.data_ptr(), n, mpi_type(tensor), root, comm_, &req), "MPI_Ibcast");
-  wait_request(req, "MPI_Ibcast");
+  run_nonblocking("MPI_Ibcast", [&](MPI_Request* req) {
+    return MPI_Ibcast(tensor.data_ptr(), n, mpi_type(tensor), root, comm_, req);
+  });
 }
 
 void MpiProcessGroup::run_barrier() {
-  MPI_Request req;
-  check_mpi(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
-  wait_request(req, "MPI_Ibarrier");
+  run_nonblocking("MPI_Ibarrier", [&](MPI_Request* req) { return MPI_Ibarrier(comm_, req); });
 }
 
 std::shared_ptr<ProcessGroup> MpiProcessGroup::run_split(int color, int key) {
