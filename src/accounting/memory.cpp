@@ -1,78 +1,14 @@
 #include "fsdp/accounting/memory.h"
 
-#include <c10/core/CPUAllocator.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
-
-#include <atomic>
-#include <mutex>
 
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/fully_shard.h"
 #include "../runtime/root_context.h"
 
 namespace fsdp::accounting {
-namespace {
-
-std::atomic<int64_t> g_current{0};
-std::atomic<int64_t> g_peak{0};
-std::atomic<bool> g_installed{false};
-
-void add_bytes(int64_t n) {
-  int64_t now = g_current.fetch_add(n) + n;
-  int64_t peak = g_peak.load();
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
-  }
-}
-
-// Wraps the allocator that was current at install time; every allocation carries a small context
-// holding the inner DataPtr and its size, so that frees are counted exactly.
-class CountingAllocator final : public c10::Allocator {
- public:
-  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
-
-  c10::DataPtr allocate(size_t n) override {
-    c10::DataPtr inner = inner_->allocate(n);
-    void* data = inner.get();
-    c10::Device device = inner.device();
-    auto* ctx = new Ctx{std::move(inner), static_cast<int64_t>(n)};
-    add_bytes(ctx->bytes);
-    return c10::DataPtr(data, ctx, &CountingAllocator::release, device);
-  }
-
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-
- private:
-  struct Ctx {
-    c10::DataPtr inner;
-    int64_t bytes;
-  };
-  static void release(void* p) {
-    auto* ctx = static_cast<Ctx*>(p);
-    g_current.fetch_sub(ctx->bytes);
-    delete ctx;  // frees through the inner allocator's deleter
-  }
-  c10::Allocator* inner_;
-};
-
-}  // namespace
-
-void install_counting_allocator() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    static CountingAllocator alloc(c10::GetCPUAllocator());
-    c10::SetCPUAllocator(&alloc, /*priority=*/200);
-    g_installed = true;
-  });
-}
-
-bool counting_allocator_installed() { return g_installed.load(); }
-int64_t current_bytes() { return g_current.load(); }
-int64_t peak_bytes() { return g_peak.load(); }
-void reset_peak_bytes() { g_peak.store(g_current.load()); }
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
   int64_t n = 0;

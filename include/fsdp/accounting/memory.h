@@ -11,9 +11,16 @@
 namespace fsdp::accounting {
 
 /// Installs a CPU allocator that counts the bytes of every live CPU allocation made through
-/// c10's allocator (all CPU tensors) in front of the current one. Call once, before creating the
-/// tensors to be counted (tensors allocated earlier are freed correctly but never counted).
-/// Idempotent; thread-safe counters. Not collective.
+/// c10's allocator (all CPU tensors, and oneDNN's tensors and scratch memory) in front of the
+/// current one. Call once, before creating the tensors to be counted (tensors allocated earlier
+/// are freed correctly but never counted). Idempotent; thread-safe counters. Not collective.
+///
+/// It honours the whole c10::Allocator contract: every DataPtr has context == data and the
+/// deleter raw_deleter() returns (so raw_allocate/raw_deallocate, is_simple_data_ptr and
+/// copy-on-write clones work), copy_data is a memcpy, memory is 64-byte aligned as the inner
+/// allocator gives it, a zero-byte request is a null DataPtr, and frees may come from any thread.
+/// Counted bytes are the requested sizes, exactly. See docs/architecture.md,
+/// "[Note: counting allocator contract]".
 void install_counting_allocator();
 /// True once install_counting_allocator() has run.
 bool counting_allocator_installed();
