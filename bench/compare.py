@@ -4,8 +4,8 @@
     python3 bench/compare.py            # full: nano + micro, N = 1, 2, 2 repetitions  (~12 min on 2 cores)
     python3 bench/compare.py --quick    # nano only, N = 1, 2, 2 repetitions            (~3 min)
 
-Implementations (same GPT, same global batch G, seq len T, micro-batch = G/N, steps, fp32, AdamW,
-grad clip 1.0, 1 intra-op thread per rank):
+Implementations (same GPT, same global batch G, seq len T, micro-batch = G/N, steps, precision,
+AdamW, grad clip 1.0, 1 intra-op thread per rank):
   ours-full_shard   mpirun -n N fsdp-train --strategy full_shard
   ours-no_shard     mpirun -n N fsdp-train --strategy no_shard  (probed first; skipped with a note when
                     the engine rejects it)
@@ -13,6 +13,11 @@ grad clip 1.0, 1 intra-op thread per rank):
   ddp               torchrun peer_train.py --impl ddp
   (--peers fsdp2,ddp,zero adds ZeroRedundancyOptimizer; --ours full_shard,full_shard@yield adds a run
    of fsdp-train under Open MPI's --mca mpi_yield_when_idle 1)
+
+--mixed-precision bf16 (default fp32) runs fsdp-train --mixed-precision bf16 (bf16 unsharded params,
+all-gathers and gradient reduction, fp32 master weights and AdamW state) against the matching
+PyTorch policy: FSDP2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, root
+output_dtype=fp32), DDP and ZeRO under torch.autocast("cpu", dtype=torch.bfloat16).
 
 Method: for each (preset, N) the implementations run back to back; each repetition reverses the
 order of the previous one (A B C D, D C B A, ...), so slow drifts of the shared machine hit all
@@ -94,13 +99,14 @@ class Runner:
                     "--global-batch-size", str(a.global_batch_size), "--seq-len", str(a.seq_len),
                     "--steps", str(a.steps), "--threads", str(a.threads),
                     "--warmup-steps", "20", "--eval-every", "0", "--eval-batches", "1",
-                    "--data-dir", a.data_dir, "--progress", "lines", "--metrics", metrics]
+                    "--data-dir", a.data_dir, "--progress", "lines", "--metrics", metrics,
+                    "--mixed-precision", a.mixed_precision]
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
                 "--master_port", str(29500 + (os.getpid() % 500)),
                 os.path.join(HERE, "peer_train.py"), "--impl", impl, "--model", preset,
                 "--global-batch-size", str(a.global_batch_size), "--seq-len", str(a.seq_len),
                 "--steps", str(a.steps), "--threads", str(a.threads), "--warmup-steps", "20",
-                "--quiet", "--metrics", metrics]
+                "--quiet", "--metrics", metrics, "--mixed-precision", a.mixed_precision]
 
     def run(self, impl, preset, n, rep):
         run_dir = os.path.join(self.a.out, f"{preset}_n{n}_{impl}_r{rep}")
@@ -139,6 +145,24 @@ class Runner:
                 "loss_first": steps[0]["loss"], "loss_last": steps[-1]["loss"]}
 
 
+def cpu_name():
+    """The CPU model and its bf16/fp16 units, from /proc/cpuinfo."""
+    model, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                if key.strip() == "model name" and model == "unknown CPU":
+                    model = val.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(val.split())
+    except OSError:
+        pass
+    units = [u for u in ("avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16") if u in flags]
+    isa = "AVX512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2")
+    return f"{model} ({isa}; {', '.join(units) if units else 'no bf16/fp16 units'})"
+
+
 def fmt_mib(b):
     return "-" if not b else f"{b / 2**20:.1f}"
 
@@ -154,6 +178,8 @@ def main():
     ap.add_argument("--global-batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    ap.add_argument("--mixed-precision", choices=["fp32", "bf16"], default="fp32",
+                    help="precision of every implementation (see above)")
     ap.add_argument("--peers", default="fsdp2,ddp", help="peer impls: fsdp2,ddp,zero")
     ap.add_argument("--ours", default="full_shard,no_shard",
                     help="fsdp-train strategies; STRATEGY@yield adds --mca mpi_yield_when_idle 1")
@@ -263,7 +289,8 @@ def main():
                                 "loss_first": runs[0]["loss_first"], "loss_last": runs[0]["loss_last"]})
     cfg = (f"G={a.global_batch_size} sequences x T={a.seq_len} tokens per step, micro-batch G/N, "
            f"{a.steps} steps per run (first {a.warmup} dropped), {a.reps} repetitions, "
-           f"{a.threads} thread(s) per rank, fp32; total {total:.0f} s")
+           f"{a.threads} thread(s) per rank, {a.mixed_precision}; total {total:.0f} s; "
+           f"CPU: {cpu_name()}")
     table = "\n".join(lines)
     text = cfg + "\n\n" + table + "\n" + "".join(f"\nNote: {x}" for x in notes) + "\n"
     print(text)

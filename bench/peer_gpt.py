@@ -74,7 +74,14 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, D).transpose(1, 2)
         k = k.view(B, T, self.n_head, D).transpose(1, 2)
         v = v.view(B, T, self.n_head, D).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True)
+        if q.dtype in (torch.bfloat16, torch.float16) and T <= 256:
+            # as fsdp-train's --attention auto (apps/models/gpt.h): two matmuls, fp32 softmax
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))
+            future = torch.ones(T, T, dtype=torch.bool).triu_(1)
+            probs = torch.softmax(scores.masked_fill(future, float("-inf")), -1, dtype=torch.float32)
+            y = probs.to(q.dtype) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
 

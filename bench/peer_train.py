@@ -8,7 +8,12 @@
          dim-0 sharding, DTensor). The root unit owns wte (tied head), wpe and ln_f, as in fsdp-train.
   ddp    DistributedDataParallel (all-reduce of gradients, default 25 MiB buckets).
   zero   DistributedDataParallel + ZeroRedundancyOptimizer(AdamW) (ZeRO-1: Adam state sharded).
-Backend: gloo (CPU). fp32 throughout.
+Backend: gloo (CPU).
+--mixed-precision bf16 matches fsdp-train --mixed-precision bf16: fsdp2 gets
+  MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16) on every unit and output_dtype=fp32 on
+  the root (fsdp-train's root returns fp32 logits); ddp and zero run forward and loss under
+  torch.autocast("cpu", dtype=torch.bfloat16) (bf16 matmuls, fp32 params, grads and all-reduce).
+  Master weights and AdamW state stay fp32 everywhere. Default fp32.
 
 Step = what fsdp-train times (apps/train/main.cpp): for each of the G/(N*m) micro-batches a forward,
 cross-entropy, backward (gradient sync only on the last micro-batch: FSDP2
@@ -88,6 +93,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--metrics", default="")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--mixed-precision", choices=["fp32", "bf16"], default="fp32")
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -121,11 +127,19 @@ def main() -> int:
                 {"params": no_decay, "weight_decay": 0.0}]
 
     adam_kw = dict(lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    bf16 = a.mixed_precision == "bf16"
     if a.impl == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        kw, root_kw = {}, {}
+        if bf16:
+            kw = dict(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                     reduce_dtype=torch.bfloat16))
+            root_kw = dict(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                          reduce_dtype=torch.bfloat16,
+                                                          output_dtype=torch.float32))
         for block in model.h:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, **kw)
+        fully_shard(model, **root_kw)
         train_model = model
         opt = torch.optim.AdamW(groups(model.named_parameters()), **adam_kw)
         state_owner = opt
@@ -143,6 +157,11 @@ def main() -> int:
             opt.add_param_group({"params": g[1]["params"], "weight_decay": 0.0})
             state_owner = opt.optim  # this rank's local AdamW
 
+    def autocast():
+        if bf16 and a.impl != "fsdp2":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return _Null()
+
     def sync_ctx(last: bool):
         if a.impl == "fsdp2":
             train_model.set_requires_gradient_sync(last)
@@ -158,7 +177,7 @@ def main() -> int:
 
     emit({"event": "config", "impl": a.impl, "model": a.model, "n_layer": cfg.n_layer,
           "n_head": cfg.n_head, "n_embd": cfg.n_embd, "block_size": cfg.block_size,
-          "vocab_size": cfg.vocab_size, "strategy": a.impl, "mixed_precision": "fp32",
+          "vocab_size": cfg.vocab_size, "strategy": a.impl, "mixed_precision": a.mixed_precision,
           "threads": a.threads, "global_batch_size": a.global_batch_size, "micro_batch_size": micro,
           "accumulation_steps": accum, "seq_len": T, "tokens_per_step": a.global_batch_size * T,
           "steps": a.steps, "backend": "gloo", "world_size": world, "num_params": num_params,
@@ -185,8 +204,9 @@ def main() -> int:
         for k in range(accum):
             mb = batch[k * micro:(k + 1) * micro]
             with sync_ctx(k == accum - 1):
-                logits = train_model(mb[:, :T])
-                loss = gpt_loss(logits, mb[:, 1:])
+                with autocast():
+                    logits = train_model(mb[:, :T])
+                    loss = gpt_loss(logits.float(), mb[:, 1:])
                 (loss / accum).backward()
             local_loss += loss.item() / accum
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)

@@ -7,6 +7,8 @@
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/linear.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/multinomial.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/softmax.h>
@@ -65,10 +67,39 @@ void check_config(const GPTConfig& c) {
   if (c.vocab_size <= 0 || c.n_layer <= 0 || c.n_head <= 0 || c.n_embd <= 0 || c.block_size <= 0) {
     throw std::invalid_argument("GPT config: all sizes must be positive");
   }
+  if (c.attention != "auto" && c.attention != "flash" && c.attention != "math") {
+    throw std::invalid_argument("GPT config: attention '" + c.attention +
+                                "' is not one of auto, flash, math");
+  }
   if (c.n_embd % c.n_head != 0) {
     throw std::invalid_argument("GPT config: n_embd " + std::to_string(c.n_embd) +
                                 " is not divisible by n_head " + std::to_string(c.n_head));
   }
+}
+
+// x @ W^T + b through at::linear, which fuses the bias into one addmm for a contiguous (B, T, C)
+// input. torch::nn::Linear::forward computes matmul then a separate in-place add for inputs of more
+// than 2 dimensions: an extra pass over every activation, forward and backward.
+at::Tensor linear(const torch::nn::Linear& l, const at::Tensor& x) {
+  return at::linear(x, l->weight, l->bias);
+}
+
+// Causal attention of q, k, v (B, H, T, D) -> (B, H, T, D) with the kernel `attention` names
+// (GPTConfig::attention).
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::string& attention) {
+  const int64_t T = q.size(2), D = q.size(3);
+  const bool low = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
+  const bool math = attention == "math" || (attention == "auto" && low && T <= 256);
+  if (!math) {
+    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                            /*is_causal=*/true);
+  }
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(D)));
+  at::Tensor future = at::ones({T, T}, q.options().dtype(at::kBool)).triu_(1);  // (T, T)
+  scores = scores.masked_fill(future, -INFINITY);                                // (B, H, T, T)
+  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  return at::matmul(probs, v);
 }
 
 void init_linear(torch::nn::Linear& l, double std) {
@@ -77,21 +108,21 @@ void init_linear(torch::nn::Linear& l, double std) {
 }
 }  // namespace
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& cfg) : n_head_(cfg.n_head) {
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& cfg)
+    : n_head_(cfg.n_head), attention_(cfg.attention) {
   c_attn = register_module("c_attn", torch::nn::Linear(cfg.n_embd, 3 * cfg.n_embd));
   c_proj = register_module("c_proj", torch::nn::Linear(cfg.n_embd, cfg.n_embd));
 }
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / n_head_;
-  auto qkv = c_attn(x).split(C, /*dim=*/2);  // 3 x (B, T, C)
+  auto qkv = linear(c_attn, x).split(C, /*dim=*/2);  // 3 x (B, T, C)
   auto q = qkv[0].view({B, T, n_head_, D}).transpose(1, 2);  // (B, H, T, D)
   auto k = qkv[1].view({B, T, n_head_, D}).transpose(1, 2);
   auto v = qkv[2].view({B, T, n_head_, D}).transpose(1, 2);
-  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                            /*is_causal=*/true);  // (B, H, T, D)
+  auto y = causal_attention(q, k, v, attention_);  // (B, H, T, D)
   y = y.transpose(1, 2).contiguous().view({B, T, C});
-  return c_proj(y);
+  return linear(c_proj, y);
 }
 
 MLPImpl::MLPImpl(const GPTConfig& cfg) {
@@ -100,7 +131,7 @@ MLPImpl::MLPImpl(const GPTConfig& cfg) {
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
-  return c_proj(at::gelu(c_fc(x), "tanh"));
+  return linear(c_proj, at::gelu(linear(c_fc, x), "tanh"));
 }
 
 BlockImpl::BlockImpl(const GPTConfig& cfg) {

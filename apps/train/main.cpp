@@ -54,6 +54,7 @@
 #include "data/tokenizer.h"
 #include "fsdp/fsdp.h"
 #include "models/gpt.h"
+#include "train/op_profile.h"
 #include "train/reporting.h"
 #include "train/train_config.h"
 
@@ -165,6 +166,7 @@ models::GPTConfig resolve_model(const TrainConfig& c, int64_t vocab) {
   if (c.n_head > 0) m.n_head = c.n_head;
   if (c.n_embd > 0) m.n_embd = c.n_embd;
   if (c.block_size > 0) m.block_size = c.block_size;
+  m.attention = c.attention;
   if (m.n_embd % m.n_head != 0) {
     throw UsageError("--n-embd " + std::to_string(m.n_embd) + " is not divisible by --n-head " +
                      std::to_string(m.n_head));
@@ -349,6 +351,7 @@ int run(int argc, char** argv) {
   // 1. Setup ----------------------------------------------------------------------------------------
   std::shared_ptr<comm::MpiProcessGroup> group = comm::MpiProcessGroup::world();
   accounting::install_counting_allocator();
+  const bool heap_retained = accounting::retain_freed_heap_memory();
   const int rank = group->rank(), world = group->size();
   int exit_code = 0;
   std::optional<TrainConfig> parsed = parse_train_config(argc, argv, rank, &exit_code);
@@ -500,7 +503,7 @@ int run(int argc, char** argv) {
       {"event", "config"},
       {"model", cfg.model},
       {"n_layer", mcfg.n_layer}, {"n_head", mcfg.n_head}, {"n_embd", mcfg.n_embd},
-      {"block_size", mcfg.block_size}, {"vocab_size", mcfg.vocab_size},
+      {"block_size", mcfg.block_size}, {"vocab_size", mcfg.vocab_size}, {"attention", mcfg.attention},
       {"data", corpus.train_path}, {"val_data", corpus.val_path.empty() ? "last 5% of data" : corpus.val_path},
       {"data_dir", cfg.data_dir}, {"tokenizer", spm_path},
       {"train_tokens", corpus.train->size()}, {"val_tokens", corpus.val->size()},
@@ -524,7 +527,7 @@ int run(int argc, char** argv) {
       {"resume", cfg.resume}, {"resumed_from", resumed_from}, {"start_step", start_step},
       {"load_s", load_s}, {"export", cfg.export_path}, {"import", cfg.import_path},
       {"import_s", import_s},
-      {"world_size", world}, {"num_params", num_params}};
+      {"world_size", world}, {"num_params", num_params}, {"heap_retained", heap_retained}};
   metrics.write(config_event);
   if (!resumed_from.empty()) {
     console.line("resumed from " + resumed_from + " at step " + std::to_string(start_step) + " (" +
@@ -597,7 +600,11 @@ int run(int argc, char** argv) {
     throw UsageError("--resume " + resumed_from + " is at step " + std::to_string(start_step) +
                      ", beyond --steps " + std::to_string(cfg.steps));
   }
+  OpProfiler op_profiler;
+  const int64_t profile_from = std::max(start_step + 1, cfg.steps - cfg.profile_steps + 1);
+  double profiled_s = 0.0;
   for (int64_t step = start_step + 1; step <= cfg.steps; ++step) {
+    if (!cfg.profile.empty() && step == profile_from) op_profiler.start();
     const double lr = lr_at(++lr_pos, cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr);
     for (auto& g : optimizer.param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
@@ -637,6 +644,18 @@ int run(int argc, char** argv) {
       optimizer.zero_grad();
     }
     const double step_time = seconds_since(t_step);
+    if (op_profiler.active()) {
+      profiled_s += step_time;
+      if (step == cfg.steps) {
+        // Stopped before the last step's evaluation and checkpoint, which are not step time.
+        const std::string path = rank == 0 ? cfg.profile : cfg.profile + ".rank" + std::to_string(rank);
+        std::vector<OpTotals> ops = op_profiler.stop(path);
+        console.line("operator profile of the last " + std::to_string(cfg.steps - profile_from + 1) +
+                     " step(s), rank 0 (" + std::to_string(profiled_s * 1e3).substr(0, 7) +
+                     " ms of steps; trace " + cfg.profile + "):\n" +
+                     format_op_table(ops, profiled_s, 25));
+      }
+    }
     const auto stats_after = group->stats().snapshot();
     const int64_t peak = accounting::peak_bytes();
     train_seconds += step_time;

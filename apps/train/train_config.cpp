@@ -93,6 +93,11 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--block-size", c.block_size,
                  "Override the preset's context length in tokens (0: keep)")
       ->check(non_negative)->group("Model");
+  app.add_option("--attention", c.attention,
+                 "Attention kernel: flash (libtorch's fused kernel), math (two matmuls, fp32 "
+                 "softmax), auto (math for bf16/fp16 at seq len <= 256, where it is faster on CPUs; "
+                 "flash otherwise)")
+      ->check(CLI::IsMember({"auto", "flash", "math"}))->group("Model");
   // Data
   app.add_option("--data-dir", c.data_dir,
                  "Folder prepared by scripts/prepare_data.sh (tokenizer spm_<vocab>.model, corpus/)")
@@ -178,6 +183,13 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--trace", c.trace,
                  "Write a Chrome trace (chrome://tracing, Perfetto) of all ranks to this path")
       ->group("Output");
+  app.add_option("--profile", c.profile,
+                 "Record libtorch's operator profile of the last --profile-steps steps: a Chrome "
+                 "trace per rank at this path (PATH.rank<R> for R > 0) and a table of operators by "
+                 "self time printed by rank 0")
+      ->group("Output");
+  app.add_option("--profile-steps", c.profile_steps, "Steps recorded by --profile (the last K)")
+      ->check(positive)->group("Output");
   // Checkpoints
   app.add_option("--save", c.save,
                  "Write sharded checkpoints (fsdp::checkpoint::save_sharded) to this directory: "

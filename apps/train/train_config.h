@@ -15,6 +15,7 @@ struct TrainConfig {
   int64_t n_head = 0;
   int64_t n_embd = 0;
   int64_t block_size = 0;
+  std::string attention = "auto";  ///< models::GPTConfig::attention
   // Data
   std::string data_dir = "./data";  ///< holds spm_<vocab>.model and corpus/
   std::string data;                 ///< text file or folder with train.txt + val.txt; "" = data_dir/corpus
@@ -49,6 +50,8 @@ struct TrainConfig {
   std::string progress = "auto";  ///< auto (bar when stdout is a terminal) | bar | lines
   std::string metrics;  ///< JSON-lines path (rank 0)
   std::string trace;    ///< Chrome trace path
+  std::string profile;        ///< libtorch operator profile (Chrome trace) path; "" = off
+  int64_t profile_steps = 2;  ///< the last K steps are profiled
   std::string config_file;
   // Checkpoints
   std::string save;         ///< sharded checkpoint directory ("" = no checkpoints)

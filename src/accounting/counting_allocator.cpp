@@ -1,9 +1,14 @@
 // The counting CPU allocator. See docs/architecture.md, "[Note: counting allocator contract]".
 #include <c10/core/CPUAllocator.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <unordered_map>
 
@@ -122,6 +127,18 @@ void install_counting_allocator() {
     c10::SetCPUAllocator(&alloc, /*priority=*/200);
     g_installed = true;
   });
+}
+
+bool retain_freed_heap_memory() {
+#if defined(__GLIBC__)
+  // M_MMAP_THRESHOLD may not exceed HEAP_MAX_SIZE / 2 (32 MiB on 64-bit glibc); setting it also
+  // stops glibc's dynamic adjustment. A trim threshold above any heap never gives memory back.
+  constexpr int kMaxMmapThreshold = 32 * 1024 * 1024;
+  return mallopt(M_MMAP_THRESHOLD, kMaxMmapThreshold) == 1 &&
+         mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max()) == 1;
+#else
+  return false;
+#endif
 }
 
 bool counting_allocator_installed() { return g_installed.load(); }

@@ -2,10 +2,10 @@
 
 #include <ATen/ATen.h>
 
-#include <set>
+#include <cmath>
 
 #include "fsdp/common/check.h"
-#include "fsdp/runtime/fully_shard.h"
+#include "../optim/sharded_grads.h"
 
 namespace fsdp {
 
@@ -22,23 +22,15 @@ at::Tensor GradScaler::scale(const at::Tensor& loss) const { return loss * scale
 
 bool GradScaler::unscale(const std::shared_ptr<torch::nn::Module>& model) {
   if (unscaled_) return found_inf_;
-  wait_for_pending(model);
-  at::NoGradGuard no_grad;
-  const double inv = 1.0 / scale_;
-  bool local_inf = false;
-  std::set<comm::ProcessGroup*> groups;
-  std::vector<comm::ProcessGroupPtr> group_list;
-  for (const auto& u : units_of(model)) {
-    if (groups.insert(u->group().get()).second) group_list.push_back(u->group());
-    for (const auto& p : u->params()) {
-      const at::Tensor& g = p.sharded_param.grad();
-      if (!g.defined() || g.numel() == 0) continue;
-      g.mul_(inv);
-      if (!local_inf && !at::isfinite(g).all().item<bool>()) local_inf = true;
-    }
+  detail::ShardedGrads sg = detail::sharded_grads(model, "GradScaler::unscale");
+  {
+    at::NoGradGuard no_grad;
+    for (auto& g : sg.grads) g.mul_(1.0 / scale_);
   }
+  // max |g| is inf or NaN exactly when some gradient element is.
+  const bool local_inf = !std::isfinite(detail::local_norm_part(sg, /*inf=*/true));
   at::Tensor flag = at::tensor({static_cast<int64_t>(local_inf)}, at::kLong);
-  for (const auto& g : group_list) g->all_reduce(flag, comm::ReduceOp::kMax)->wait();
+  if (sg.group) sg.group->all_reduce(flag, comm::ReduceOp::kMax)->wait();
   found_inf_ = flag.item<int64_t>() != 0;
   unscaled_ = true;
   return found_inf_;
@@ -46,8 +38,11 @@ bool GradScaler::unscale(const std::shared_ptr<torch::nn::Module>& model) {
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer,
                       const std::shared_ptr<torch::nn::Module>& model) {
+  FSDP_CHECK(!stepped_, "[fsdp] GradScaler::step called twice since the last update(); call "
+             "update() after each step()");
   bool inf = unscale(model);
   if (!inf) optimizer.step();
+  stepped_ = true;
   return !inf;
 }
 
@@ -61,6 +56,7 @@ void GradScaler::update() {
     growth_tracker_ = 0;
   }
   unscaled_ = false;
+  stepped_ = false;
   found_inf_ = false;
 }
 
@@ -69,6 +65,7 @@ void GradScaler::load_state(double scale, int64_t growth_tracker) {
   scale_ = scale;
   growth_tracker_ = growth_tracker;
   unscaled_ = false;
+  stepped_ = false;
   found_inf_ = false;
 }
 

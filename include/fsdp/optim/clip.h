@@ -12,7 +12,9 @@ namespace fsdp {
 /// identical on every rank.
 ///
 /// norm_type 2: sqrt(all_reduce_sum(sum over this rank's shards of |g|^2 / num_replicas)); norm_type
-/// inf (use std::numeric_limits<double>::infinity()): all_reduce_max(local max |g|). A gradient
+/// inf (use std::numeric_limits<double>::infinity()): all_reduce_max(local max |g|). A NaN in any
+/// rank's gradient makes the norm NaN on every rank (both norm types), as in
+/// torch.nn.utils.clip_grad_norm_; a non-finite norm leaves the gradients unscaled. A gradient
 /// replicated on several ranks (num_replicas > 1) is counted once, not once per rank. Scale:
 /// clip_coef = max_norm / (norm + 1e-6), applied when < 1 (torch.nn.utils.clip_grad_norm_).
 /// Params without a gradient are skipped. Collective and blocking over each unit's group: call on

@@ -24,12 +24,12 @@ struct GradScalerOptions {
 ///   bool stepped = scaler.step(optimizer, model);
 ///   scaler.update();
 /// unscale() divides the sharded gradients of every unit under the model by the scale and finds
-/// inf/NaN: local check, then all_reduce(MAX) of the flag over each unit's group, so that all ranks
-/// agree. step() skips optimizer.step() when any rank found one. update() backs the scale off after
+/// inf/NaN: one local pass (max |g| of every shard, one host sync), then all_reduce(MAX) of the flag
+/// over the units' group, so that all ranks agree. step() skips optimizer.step() when any rank found one. update() backs the scale off after
 /// a skipped step and grows it after growth_interval good steps in a row. unscale(), step() and
 /// update() are collective over the units' groups and blocking; call them on all ranks in the same
-/// order. Throws fsdp::Error when called out of order (step before backward's unscale, twice in a
-/// step).
+/// order. Throws fsdp::Error when called out of order: step() twice without update() in between,
+/// update() before unscale() or step().
 class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {});
@@ -54,7 +54,8 @@ class GradScaler {
   GradScalerOptions options_;
   double scale_;
   int64_t growth_tracker_ = 0;
-  bool unscaled_ = false;
+  bool unscaled_ = false;  // unscale() ran since the last update()
+  bool stepped_ = false;   // step() ran since the last update()
   bool found_inf_ = false;
 };
 
