@@ -17,8 +17,11 @@ scripts/build.sh
 scripts/prepare_data.sh "$DATA_DIR"
 
 mkdir -p out
+# mpirun gives the ranks a pseudo-terminal even when this script's output goes to a file or a pipe,
+# so fsdp-train cannot tell: decide here. A progress bar only on a terminal, plain lines otherwise.
+if [ -t 1 ]; then PROGRESS=bar; else PROGRESS=lines; fi
 exec mpirun --allow-run-as-root --oversubscribe -n "$NP" build/bin/fsdp-train \
   --data-dir "$DATA_DIR" --model nano --strategy full_shard \
   --global-batch-size 32 --seq-len 128 --steps 250 --lr 3e-3 --min-lr 3e-4 --warmup-steps 10 \
   --eval-every 50 --eval-batches 4 --threads 1 --sample-tokens 120 \
-  --metrics out/metrics.jsonl "$@"
+  --progress "$PROGRESS" --metrics out/metrics.jsonl "$@"

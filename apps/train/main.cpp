@@ -14,7 +14,7 @@
 //     (forwards, backwards, grad clipping, optimizer step): a snapshot is taken right before the first
 //     micro-batch and right after optimizer.step(). The app's own collectives for the reported loss
 //     and memory (two all-reduces after the second snapshot) and evaluation are excluded exactly.
-//   * "mem" values are the MAX over ranks. param/grad/optim bytes are
+//   * "mem" values are the MAX over ranks. param/grad/optim/unsharded/resident bytes are
 //     fsdp::accounting::model_state_bytes after optimizer.step() (before zero_grad); peak_bytes is the
 //     counting allocator's peak over the training part of the step (reset at its start).
 //   * "loss" is the mean over the global batch (all-reduce kAvg of each rank's local mean).
@@ -528,7 +528,20 @@ int run(int argc, char** argv) {
       {"load_s", load_s}, {"export", cfg.export_path}, {"import", cfg.import_path},
       {"import_s", import_s},
       {"world_size", world}, {"num_params", num_params}, {"heap_retained", heap_retained}};
+  const CpuInfo& cpu = cpu_info();
+  config_event["cpu"] = {{"model", cpu.model},
+                         {"capability", cpu.capability},
+                         {"avx512_bf16", cpu.avx512_bf16}, {"amx_bf16", cpu.amx_bf16},
+                         {"avx512_fp16", cpu.avx512_fp16}, {"amx_fp16", cpu.amx_fp16},
+                         {"bf16_accelerated", cpu.bf16_accelerated()},
+                         {"fp16_accelerated", cpu.fp16_accelerated()}};
   metrics.write(config_event);
+  if ((cfg.mixed_precision == "bf16" && !cpu.bf16_accelerated()) ||
+      (cfg.mixed_precision == "fp16" && !cpu.fp16_accelerated())) {
+    console.line("warning: --mixed-precision " + cfg.mixed_precision + " on a CPU without " +
+                 cfg.mixed_precision + " matmul units: its matmuls run without them and will be slower "
+                 "than fp32 (memory and communication still halve)");
+  }
   if (!resumed_from.empty()) {
     console.line("resumed from " + resumed_from + " at step " + std::to_string(start_step) + " (" +
                  std::to_string(load_s).substr(0, 5) + " s)");
@@ -544,7 +557,7 @@ int run(int argc, char** argv) {
                " train / " + human_count(static_cast<double>(corpus.val->size())) +
                " val tokens; batch " + std::to_string(cfg.global_batch_size) + " x " +
                std::to_string(T) + " tokens, " + std::to_string(accum) + " micro-batch(es) of " +
-               std::to_string(micro) + " per rank");
+               std::to_string(micro) + " per rank; cpu: " + cpu.summary());
 
   // 4. Training loop ---------------------------------------------------------------------------------
   group->barrier()->wait();
@@ -665,7 +678,9 @@ int run(int argc, char** argv) {
     group->all_reduce(loss_t, comm::ReduceOp::kAvg)->wait();
     at::Tensor mem_t = at::tensor(std::vector<int64_t>{state.sharded_param_bytes,
                                                        state.sharded_grad_bytes,
-                                                       state.optim_state_bytes, peak},
+                                                       state.optim_state_bytes, peak,
+                                                       state.unsharded_param_bytes,
+                                                       state.resident_bytes()},
                                   at::kLong);
     group->all_reduce(mem_t, comm::ReduceOp::kMax)->wait();
     last_loss = loss_t.item<double>();
@@ -685,6 +700,8 @@ int run(int argc, char** argv) {
                     {{"param_shard_bytes", m[0]},
                      {"grad_shard_bytes", m[1]},
                      {"optim_state_bytes", m[2]},
+                     {"unsharded_param_bytes", m[4]},
+                     {"resident_bytes", m[5]},
                      {"peak_bytes", m[3]}}},
                    {"comm", comm}};
     if (loss_scaling.enabled()) {
@@ -698,7 +715,7 @@ int run(int argc, char** argv) {
                   "mem/rank: state %s, peak %s",
                   static_cast<long>(step), static_cast<long>(cfg.steps), last_loss, lr, grad_norm,
                   human_count(tokens_per_step / step_time).c_str(), step_time * 1e3,
-                  human_bytes(static_cast<double>(m[0] + m[1] + m[2])).c_str(),
+                  human_bytes(static_cast<double>(m[5])).c_str(),
                   human_bytes(static_cast<double>(m[3])).c_str());
     console.progress(buf);
 

@@ -8,6 +8,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/comm/threaded_process_group.h"
 #include "fsdp/common/check.h"
+#include "fsdp/common/cpu_info.h"
 #include "fsdp/optim/clip.h"
 #include "fsdp/precision/grad_scaler.h"
 #include "fsdp/runtime/fully_shard.h"

@@ -667,9 +667,13 @@ void FSDPUnit::issue_bucket(size_t index) {
 }
 
 int64_t FSDPUnit::unsharded_param_bytes() const {
-  if (sharded_state_ != ShardedState::kUnsharded || params_aliased()) return 0;
+  // The storage actually allocated: zero1 keeps its full params between steps; an all-gather in
+  // flight has not allocated them yet; no_shard without a cast aliases the sharded storage.
+  if (params_aliased()) return 0;
   int64_t n = 0;
-  for (const auto& p : params_) n += p.unsharded_bytes();
+  for (const auto& p : params_) {
+    if (p.unsharded_padded.defined()) n += static_cast<int64_t>(p.unsharded_padded.storage().nbytes());
+  }
   return n;
 }
 

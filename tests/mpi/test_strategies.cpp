@@ -122,6 +122,11 @@ TEST(Strategies, ModelStateBytesFollowTheFormula) {
       int64_t expected = 4 * z.padded_shard + 4 * z.real + 8 * z.real;
       if (s == ShardingStrategy::kZero1) expected += 4 * z.padded_full;  // persistent full params
       EXPECT_EQ(state, expected) << "measured model state";
+      // The library's own account tells the same footprint (zero1's resident full params too).
+      const auto acc = fsdp::accounting::model_state_bytes(model, &opt);
+      EXPECT_EQ(acc.resident_bytes(), state) << "model_state_bytes: params " << acc.sharded_param_bytes
+          << ", grads " << acc.sharded_grad_bytes << ", optim " << acc.optim_state_bytes
+          << ", unsharded params " << acc.unsharded_param_bytes;
       double formula = 0;
       switch (s) {
         case ShardingStrategy::kNoShard: formula = 16.0 * z.P; break;

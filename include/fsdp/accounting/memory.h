@@ -45,11 +45,15 @@ struct ModelStateBytes {
   int64_t sharded_param_bytes = 0;     ///< sharded params incl. padding rows
   int64_t sharded_grad_bytes = 0;      ///< sharded grads currently defined
   int64_t optim_state_bytes = 0;       ///< optimizer state tensors (0 without an optimizer)
-  int64_t unsharded_param_bytes = 0;   ///< unsharded params alive now
+  int64_t unsharded_param_bytes = 0;   ///< unsharded params resident now (zero1: between steps too)
   int64_t unsharded_grad_bytes = 0;    ///< unsharded grads alive now
   int64_t peak_unsharded_param_bytes = 0;  ///< max unsharded params alive since last reset
   int64_t total_state_bytes() const {
     return sharded_param_bytes + sharded_grad_bytes + optim_state_bytes;
+  }
+  /// Everything the library holds for the model now: the state plus unsharded params and grads.
+  int64_t resident_bytes() const {
+    return total_state_bytes() + unsharded_param_bytes + unsharded_grad_bytes;
   }
 };
 

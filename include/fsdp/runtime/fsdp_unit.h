@@ -100,7 +100,9 @@ class FSDPUnit {
   /// Bytes of unsharded gradients alive now (between backward and reduce-scatter, or accumulated
   /// while requires_gradient_sync is false).
   int64_t unsharded_grad_bytes() const;
-  /// Bytes of unsharded params alive now (0 while sharded).
+  /// Bytes of unsharded param storage allocated now: the gathered params of an unsharded unit, and
+  /// zero1's full params, which stay allocated between steps (0 for a resharded unit and for
+  /// no_shard without a cast, whose module params are the sharded storage).
   int64_t unsharded_param_bytes() const;
   /// dtype of the unsharded params / all-gather, and of the reduce-scatter.
   c10::ScalarType param_dtype() const { return param_dtype_; }
