@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cstring>
 
 #include "fsdp/common/check.h"
 
@@ -240,6 +241,24 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
                       [this, color, key, &result] { result = run_split(color, key); });
   work->wait();
   return result;
+}
+
+std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& mine) {
+  const int n = group.size();
+  at::Tensor len = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
+  at::Tensor lens = at::empty({n}, at::kLong);
+  group.all_gather_into_tensor(lens, len)->wait();
+  const int64_t max_len = std::max<int64_t>(lens.max().item<int64_t>(), 1);
+  at::Tensor buf = at::zeros({max_len}, at::kByte);
+  std::memcpy(buf.data_ptr(), mine.data(), mine.size());
+  at::Tensor all = at::empty({n * max_len}, at::kByte);
+  group.all_gather_into_tensor(all, buf)->wait();
+  std::vector<std::string> out;
+  out.reserve(n);
+  const char* base = static_cast<const char*>(all.data_ptr());
+  const int64_t* l = lens.data_ptr<int64_t>();
+  for (int r = 0; r < n; ++r) out.emplace_back(base + r * max_len, static_cast<size_t>(l[r]));
+  return out;
 }
 
 }  // namespace fsdp::comm

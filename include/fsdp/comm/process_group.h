@@ -159,4 +159,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
+/// Every rank's `mine`, in rank order (element r is rank r's string; any lengths, any bytes).
+/// Collective and blocking over group: two all-gathers (the lengths as int64, then the bytes
+/// padded to the longest). Throws fsdp::Error when a collective fails.
+std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& mine);
+
 }  // namespace fsdp::comm

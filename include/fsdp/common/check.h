@@ -1,5 +1,6 @@
-// Error checks for fsdp-cpp: every failure names the rank, the FSDP unit (when there is one), the
-// operation, and expected vs actual. Library code throws; only the apps exit.
+// Errors of fsdp-cpp: one exception type, fsdp::Error, that says what kind of failure it is and
+// where it happened (rank, FSDP unit, operation), with expected vs actual in its message. Library
+// code throws; only the apps exit.
 #pragma once
 
 #include <sstream>
@@ -8,12 +9,54 @@
 
 namespace fsdp {
 
-/// Thrown for every fsdp-cpp error (bad input, inconsistent setup across ranks, failed collective).
-/// what() starts with "[fsdp rank R]" when the rank is known.
+/// What went wrong, for callers that react differently to, say, a timeout and a bad argument.
+enum class ErrorKind {
+  kInvalidArgument,  ///< bad input to a call: shapes, dtypes, options, values out of range
+  kMismatch,         ///< ranks disagree: different parameters, options or collectives
+  kState,            ///< a call out of order (an illegal state-machine transition)
+  kCollective,       ///< a collective failed in its backend (an MPI error code)
+  kTimeout,          ///< a collective did not complete within the group's timeout
+  kOutOfMemory,      ///< a memory budget refused an allocation
+  kCorruptData,      ///< input read from disk is not what it claims (checkpoint, import file)
+  kIo,               ///< the file system refused an operation (open, write, rename, fsync)
+  kUnsupported,      ///< a valid request this build does not implement (rejected, never downgraded)
+};
+/// "invalid argument", "mismatch across ranks", "illegal call order", "collective failed",
+/// "timeout", "out of memory", "corrupt data", "I/O error", "unsupported".
+const char* to_string(ErrorKind kind);
+
+/// Where an error happened. rank: this process's rank in the group of the failing operation (-1
+/// when there is none); unit: the FSDP unit's name ("" when none); op: the operation, e.g.
+/// "all_gather_into_tensor", "fully_shard", "load_sharded" ("" when none).
+struct ErrorContext {
+  int rank = -1;
+  std::string unit;
+  std::string op;
+};
+
+/// Thrown for every fsdp-cpp failure. what() is
+///   "[fsdp rank R] unit 'U' OP: MESSAGE"
+/// with the parts that are unknown left out ("[fsdp] OP: MESSAGE" without a rank). The message gives
+/// expected vs actual where there is one (see expected_actual()).
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& msg) : std::runtime_error(msg) {}
+  Error(ErrorKind kind, ErrorContext where, const std::string& message);
+  /// Transitional: a message that carries its own prefix (kind kInvalidArgument, no context).
+  /// Being removed; new code passes kind and context.
+  explicit Error(const std::string& full_message);
+  ErrorKind kind() const { return kind_; }
+  const ErrorContext& where() const { return where_; }
+  /// The message without the "[fsdp rank R] unit 'U' OP: " prefix.
+  const std::string& message() const { return message_; }
+
+ private:
+  ErrorKind kind_;
+  ErrorContext where_;
+  std::string message_;
 };
+
+/// "[fsdp rank R] unit 'U' OP: " for `where` (the prefix of Error::what()).
+std::string error_prefix(const ErrorContext& where);
 
 namespace detail {
 inline void append(std::ostringstream&) {}
@@ -32,13 +75,33 @@ std::string str_cat(const Args&... args) {
   return os.str();
 }
 
+namespace detail {
+template <typename... Args>
+Error make_error(ErrorKind kind, ErrorContext where, const Args&... args) {
+  return Error(kind, std::move(where), str_cat(args...));
+}
+// Transitional form FSDP_CHECK(cond, "message parts"...), being removed.
+template <typename... Args>
+Error make_error(const Args&... args) {
+  return Error(str_cat(args...));
+}
+}  // namespace detail
+
+/// "WHAT: expected E, got A".
+template <typename E, typename A>
+std::string expected_actual(const std::string& what, const E& expected, const A& actual) {
+  return str_cat(what, ": expected ", expected, ", got ", actual);
+}
+
 }  // namespace fsdp
 
-/// Throws fsdp::Error with the joined message when cond is false. Callers put the rank, unit, op and
-/// expected-vs-actual in the message: FSDP_CHECK(a == b, "[fsdp rank ", r, "] unit ", u, ": ...").
+/// Throws fsdp::Error(kind, where, message) when cond is false; the message is the remaining
+/// arguments joined with operator<<:
+///   FSDP_CHECK(n == m, ErrorKind::kInvalidArgument, unit.where("unshard"),
+///              expected_actual("all-gather output numel", m, n));
 #define FSDP_CHECK(cond, ...)                                                          \
   do {                                                                                 \
     if (!(cond)) {                                                                     \
-      throw ::fsdp::Error(::fsdp::str_cat(__VA_ARGS__));                               \
+      throw ::fsdp::detail::make_error(__VA_ARGS__);                                   \
     }                                                                                  \
   } while (0)

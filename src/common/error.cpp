@@ -1,0 +1,36 @@
+#include "fsdp/common/check.h"
+
+namespace fsdp {
+
+const char* to_string(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kInvalidArgument: return "invalid argument";
+    case ErrorKind::kMismatch: return "mismatch across ranks";
+    case ErrorKind::kState: return "illegal call order";
+    case ErrorKind::kCollective: return "collective failed";
+    case ErrorKind::kTimeout: return "timeout";
+    case ErrorKind::kOutOfMemory: return "out of memory";
+    case ErrorKind::kCorruptData: return "corrupt data";
+    case ErrorKind::kIo: return "I/O error";
+    case ErrorKind::kUnsupported: return "unsupported";
+  }
+  return "?";
+}
+
+std::string error_prefix(const ErrorContext& where) {
+  std::string s = where.rank >= 0 ? "[fsdp rank " + std::to_string(where.rank) + "]" : "[fsdp]";
+  if (!where.unit.empty()) s += " unit '" + where.unit + "'";
+  if (!where.op.empty()) s += " " + where.op;
+  return s + ": ";
+}
+
+Error::Error(ErrorKind kind, ErrorContext where, const std::string& message)
+    : std::runtime_error(error_prefix(where) + message),
+      kind_(kind),
+      where_(std::move(where)),
+      message_(message) {}
+
+Error::Error(const std::string& full_message)
+    : std::runtime_error(full_message), kind_(ErrorKind::kInvalidArgument), message_(full_message) {}
+
+}  // namespace fsdp
