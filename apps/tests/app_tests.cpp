@@ -21,7 +21,7 @@
 #include "data/batch_sampler.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
-#include "fsdp/comm/threaded_process_group.h"
+#include "fsdp/comm/threaded_backend.h"
 #include "fsdp/runtime/fully_shard.h"
 #include "models/gpt.h"
 
@@ -206,7 +206,7 @@ TEST(GPT, ShardedForwardAndGenerateMatchUnsharded) {
   at::Tensor idx = at::randint(0, cfg.vocab_size, {2, 16}, at::kLong);
   at::Tensor expected = reference->forward(idx);
   auto expected_sample = reference->generate({4, 5, 6}, 8, 1.0, 5, 11);
-  auto groups = fsdp::comm::ThreadedProcessGroup::create_world(2);
+  auto groups = fsdp::comm::threaded_world(2);
   std::vector<at::Tensor> logits(2);
   std::vector<std::vector<int64_t>> samples(2);
   std::vector<std::string> errors(2);

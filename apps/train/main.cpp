@@ -191,8 +191,11 @@ FullyShardOptions resolve_fsdp_options(const TrainConfig& c) {
     o.mixed_precision.reduce_dtype = dt;
   }
   o.forward_prefetch = c.forward_prefetch;
-  o.hybrid_shard_group_size = c.hybrid_shard_group_size;
-  o.bucket_cap_bytes = static_cast<int64_t>(c.bucket_cap_mb * 1024 * 1024);
+  // Options of one strategy only (the library rejects them elsewhere).
+  if (o.strategy == ShardingStrategy::kHybridShard) o.hybrid_shard_group_size = c.hybrid_shard_group_size;
+  if (o.strategy == ShardingStrategy::kNoShard) {
+    o.bucket_cap_bytes = static_cast<int64_t>(c.bucket_cap_mb * 1024 * 1024);
+  }
   return o;
 }
 
@@ -349,7 +352,7 @@ void write_trace(const TraceRecorder& trace, const std::string& path, comm::Proc
 
 int run(int argc, char** argv) {
   // 1. Setup ----------------------------------------------------------------------------------------
-  std::shared_ptr<comm::MpiProcessGroup> group = comm::MpiProcessGroup::world();
+  comm::ProcessGroupPtr group = comm::mpi_world();
   accounting::install_counting_allocator();
   const bool heap_retained = accounting::retain_freed_heap_memory();
   const int rank = group->rank(), world = group->size();
@@ -521,7 +524,7 @@ int run(int argc, char** argv) {
       {"config_file", cfg.config_file}, {"backend", group->backend_name()},
       {"forward_prefetch", fsdp_options.forward_prefetch},
       {"hybrid_shard_group_size", fsdp_options.hybrid_shard_group_size},
-      {"bucket_cap_bytes", fsdp_options.bucket_cap_bytes},
+      {"bucket_cap_bytes", fsdp_options.bucket_cap_bytes.value_or(kDefaultBucketCapBytes)},
       {"root_output_dtype", root_options.mixed_precision.output_dtype ? "fp32" : "unchanged"},
       {"save", cfg.save}, {"save_every", cfg.save_every}, {"keep", cfg.keep},
       {"resume", cfg.resume}, {"resumed_from", resumed_from}, {"start_step", start_step},

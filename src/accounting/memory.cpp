@@ -6,7 +6,7 @@
 
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/fully_shard.h"
-#include "../runtime/root_context.h"
+#include "../runtime/scheduler.h"
 
 namespace fsdp::accounting {
 
@@ -37,7 +37,7 @@ ModelStateBytes model_state_bytes(const std::shared_ptr<torch::nn::Module>& root
     m.sharded_grad_bytes += u->sharded_grad_bytes();
     m.unsharded_param_bytes += u->unsharded_param_bytes();
     m.unsharded_grad_bytes += u->unsharded_grad_bytes();
-    if (u->is_root()) m.peak_unsharded_param_bytes = u->root_context()->peak_unsharded_param_bytes;
+    if (u->is_root()) m.peak_unsharded_param_bytes = u->scheduler()->peak_unsharded_param_bytes();
   }
   if (optimizer) m.optim_state_bytes = optimizer_state_bytes(*optimizer);
   return m;
@@ -45,10 +45,7 @@ ModelStateBytes model_state_bytes(const std::shared_ptr<torch::nn::Module>& root
 
 void reset_peak_unsharded_bytes(const std::shared_ptr<torch::nn::Module>& root) {
   for (const auto& u : units_of(root)) {
-    if (u->is_root()) {
-      auto ctx = u->root_context();
-      ctx->peak_unsharded_param_bytes = ctx->unsharded_param_bytes;
-    }
+    if (u->is_root()) u->scheduler()->reset_peak_unsharded_param_bytes();
   }
 }
 

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "fsdp/common/check.h"
+#include "strategy.h"
 
 namespace fsdp {
 namespace {
@@ -18,6 +19,8 @@ struct Registry {
   std::unordered_map<const torch::nn::Module*, std::weak_ptr<FSDPUnit>> units;
   // parameter TensorImpl -> owning unit (to reject params shared across units)
   std::unordered_map<const c10::TensorImpl*, std::weak_ptr<FSDPUnit>> param_owner;
+  // shard / replicate sub-groups of every (group, shard size) in use
+  detail::SubGroupCache sub_groups;
 };
 
 struct UnitHolderImpl : torch::nn::Module {
@@ -33,7 +36,7 @@ Registry& registry() {
 
 // Params of module's subtree that no unit below (or at) module owns yet, with qualified names
 // relative to module, first name wins for shared params.
-void collect_params(torch::nn::Module& m, const std::string& prefix, bool is_top,
+void collect_params(torch::nn::Module& m, const std::string& prefix, bool is_top, const ErrorContext& where,
                     std::unordered_set<const c10::TensorImpl*>& seen, std::vector<FSDPParam>& out) {
   if (!is_top && find_unit(&m)) return;  // owned by a nested unit
   if (dynamic_cast<UnitHolderImpl*>(&m)) return;
@@ -45,7 +48,7 @@ void collect_params(torch::nn::Module& m, const std::string& prefix, bool is_top
       std::lock_guard<std::mutex> lock(reg.mu);
       auto it = reg.param_owner.find(impl);
       std::shared_ptr<FSDPUnit> owner = it == reg.param_owner.end() ? nullptr : it->second.lock();
-      FSDP_CHECK(owner == nullptr, "[fsdp] fully_shard: parameter '", prefix, item.key(),
+      FSDP_CHECK(owner == nullptr, ErrorKind::kInvalidArgument, where, "parameter '", prefix, item.key(),
                  "' is already managed by unit '", owner ? owner->name() : "",
                  "'; a parameter shared by two modules must live in one unit (wrap their common "
                  "parent)");
@@ -58,7 +61,7 @@ void collect_params(torch::nn::Module& m, const std::string& prefix, bool is_top
     out.push_back(std::move(p));
   }
   for (const auto& child : m.named_children()) {
-    collect_params(*child.value(), prefix + child.key() + ".", false, seen, out);
+    collect_params(*child.value(), prefix + child.key() + ".", false, where, seen, out);
   }
 }
 
@@ -73,9 +76,11 @@ int64_t unowned_numel(torch::nn::Module& m, bool is_top) {
 std::shared_ptr<FSDPUnit> fully_shard_named(std::shared_ptr<torch::nn::Module> module,
                                             const std::string& name, comm::ProcessGroupPtr group,
                                             const FullyShardOptions& options) {
-  FSDP_CHECK(module != nullptr, "[fsdp] fully_shard: module is null");
-  FSDP_CHECK(!find_unit(module.get()), "[fsdp] fully_shard: module '", name,
-             "' is already an FSDP unit");
+  const ErrorContext where{group ? group->rank() : -1, name, "fully_shard"};
+  FSDP_CHECK(module != nullptr, ErrorKind::kInvalidArgument, where, "module is null");
+  FSDP_CHECK(!find_unit(module.get()), ErrorKind::kInvalidArgument, where,
+             "the module is already an FSDP unit (fully_shard runs once per module; "
+             "fully_shard_tree wraps each selected module once)");
   {
     // Drop entries of units that died with their modules.
     auto& reg = registry();
@@ -89,7 +94,7 @@ std::shared_ptr<FSDPUnit> fully_shard_named(std::shared_ptr<torch::nn::Module> m
   }
   std::unordered_set<const c10::TensorImpl*> seen;
   std::vector<FSDPParam> params;
-  collect_params(*module, "", true, seen, params);
+  collect_params(*module, "", true, where, seen, params);
   if (auto dtype = options.mixed_precision.buffer_dtype) {
     std::function<void(torch::nn::Module&, bool)> cast = [&](torch::nn::Module& m, bool top) {
       if (!top && find_unit(&m)) return;
@@ -100,7 +105,8 @@ std::shared_ptr<FSDPUnit> fully_shard_named(std::shared_ptr<torch::nn::Module> m
     };
     cast(*module, true);
   }
-  auto unit = std::make_shared<FSDPUnit>(module, name, std::move(group), options, std::move(params));
+  auto unit = std::make_shared<FSDPUnit>(module, name, std::move(group), options, std::move(params),
+                                         registry().sub_groups);
   module->register_module(kStateChildName, std::make_shared<UnitHolderImpl>(unit));
   auto& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
@@ -128,7 +134,8 @@ std::shared_ptr<FSDPUnit> fully_shard_tree(std::shared_ptr<torch::nn::Module> ro
                                            comm::ProcessGroupPtr group, const WrapPolicy& policy,
                                            const FullyShardOptions& options,
                                            const std::optional<FullyShardOptions>& root_options) {
-  FSDP_CHECK(root != nullptr, "[fsdp] fully_shard_tree: root module is null");
+  FSDP_CHECK(root != nullptr, ErrorKind::kInvalidArgument,
+             (ErrorContext{group ? group->rank() : -1, "root", "fully_shard_tree"}), "root module is null");
   // Children first (post-order) so that each unit owns only what no nested unit owns.
   std::function<void(const std::shared_ptr<torch::nn::Module>&, const std::string&)> visit =
       [&](const std::shared_ptr<torch::nn::Module>& m, const std::string& qn) {

@@ -21,8 +21,10 @@ ShardingStrategy parse_sharding_strategy(const std::string& name) {
                  ShardingStrategy::kZero1}) {
     if (to_string(s) == name) return s;
   }
-  throw Error(str_cat("[fsdp] unknown sharding strategy '", name,
-                      "'; expected one of full_shard, shard_grad_op, no_shard, hybrid_shard, zero1"));
+  throw Error(ErrorKind::kInvalidArgument, ErrorContext{-1, "", "parse_sharding_strategy"},
+              expected_actual("sharding strategy",
+                              "one of full_shard, shard_grad_op, no_shard, hybrid_shard, zero1",
+                              "'" + name + "'"));
 }
 
 }  // namespace fsdp

@@ -41,19 +41,21 @@ void load_full_state_dict(const std::shared_ptr<torch::nn::Module>& root,
   auto params = sharded_parameters(root);
   std::set<std::string> expected;
   for (const auto& sp : params) {
-    const int rank = sp.unit->group()->rank();
+    const ErrorContext where = sp.unit->where("load_full_state_dict");
     auto it = state.find(sp.name);
-    FSDP_CHECK(it != state.end(), "[fsdp rank ", rank, "] load_full_state_dict: missing parameter '",
-               sp.name, "' (unit '", sp.unit->name(), "')");
-    FSDP_CHECK(it->second.sizes().vec() == sp.param->shape, "[fsdp rank ", rank,
-               "] load_full_state_dict: parameter '", sp.name, "' has shape ",
-               it->second.sizes(), " in the state dict, expected ",
-               shard::shape_to_string(sp.param->shape));
+    FSDP_CHECK(it != state.end(), ErrorKind::kInvalidArgument, where, "missing parameter '", sp.name,
+               "' in the state dict (", state.size(), " entries)");
+    FSDP_CHECK(it->second.sizes().vec() == sp.param->shape, ErrorKind::kInvalidArgument, where,
+               expected_actual("shape of parameter '" + sp.name + "' in the state dict",
+                               shard::shape_to_string(sp.param->shape), it->second.sizes()));
     expected.insert(sp.name);
   }
+  const int rank = params.empty() ? -1 : params.front().unit->group()->rank();
   for (const auto& kv : state) {
-    FSDP_CHECK(expected.count(kv.first), "[fsdp] load_full_state_dict: unexpected parameter '",
-               kv.first, "' (not in the model)");
+    FSDP_CHECK(expected.count(kv.first), ErrorKind::kInvalidArgument,
+               (ErrorContext{rank, "", "load_full_state_dict"}), "unexpected parameter '", kv.first,
+               "' in the state dict: the model has ", expected.size(), " parameters, e.g. '",
+               expected.empty() ? std::string() : *expected.begin(), "'");
   }
   at::NoGradGuard no_grad;
   for (const auto& sp : params) {

@@ -4,17 +4,26 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "fsdp/common/check.h"
+
 namespace fsdp::shard {
 
+using fsdp::Error;
+using fsdp::ErrorContext;
+using fsdp::ErrorKind;
+using fsdp::expected_actual;
+
 ParamShardSpec ParamShardSpec::make(const std::vector<int64_t>& shape, int64_t world_size) {
-  if (world_size < 1) throw std::invalid_argument("world_size must be >= 1");
+  FSDP_CHECK(world_size >= 1, ErrorKind::kInvalidArgument, (ErrorContext{-1, "", "ParamShardSpec::make"}),
+             expected_actual("world size", ">= 1", world_size));
   ParamShardSpec s;
   s.world_size = world_size;
   s.dim0 = shape.empty() ? 1 : shape[0];
   s.row_numel = 1;
   for (size_t i = 1; i < shape.size(); ++i) s.row_numel *= shape[i];
   if (s.dim0 < 0 || s.row_numel < 0) {
-    throw std::invalid_argument("negative size in shape " + shape_to_string(shape));
+    throw Error(ErrorKind::kInvalidArgument, ErrorContext{-1, "", "ParamShardSpec::make"},
+                "negative size in shape " + shape_to_string(shape));
   }
   s.rows_per_rank = (s.dim0 + world_size - 1) / world_size;
   return s;

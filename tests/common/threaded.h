@@ -7,14 +7,14 @@
 #include <thread>
 #include <vector>
 
-#include "fsdp/comm/threaded_process_group.h"
+#include "fsdp/comm/threaded_backend.h"
 
 namespace fsdp_test {
 
 /// Runs fn(rank, group) on world_size threads; rethrows the first exception after all joined.
 inline void run_threaded(int world_size,
                          const std::function<void(int, fsdp::comm::ProcessGroupPtr)>& fn) {
-  auto groups = fsdp::comm::ThreadedProcessGroup::create_world(world_size);
+  auto groups = fsdp::comm::threaded_world(world_size);
   std::vector<std::thread> threads;
   std::exception_ptr first;
   std::mutex mu;

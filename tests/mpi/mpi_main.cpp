@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/accounting/memory.h"
-#include "fsdp/comm/mpi_process_group.h"
+#include "fsdp/comm/mpi_backend.h"
 #include "mpi_world.h"
 
 namespace fsdp_test {
@@ -17,8 +17,8 @@ std::shared_ptr<fsdp::comm::ProcessGroup>& world() {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   fsdp::accounting::install_counting_allocator();
-  fsdp::comm::MpiProcessGroup::init_mpi();
-  auto world = fsdp::comm::MpiProcessGroup::world();
+  fsdp::comm::init_mpi();
+  auto world = fsdp::comm::mpi_world();
   fsdp_test::world() = world;
   at::set_num_threads(1);
   if (world->rank() != 0) ::testing::GTEST_FLAG(brief) = true;  // other ranks print failures only

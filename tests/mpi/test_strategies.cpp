@@ -47,7 +47,7 @@ std::shared_ptr<ChainImpl> sharded_chain(ShardingStrategy s, const fsdp::comm::P
   torch::manual_seed(1);
   auto model = Chain(kWidths).ptr();
   auto o = options_for(s, g->size());
-  if (bucket_cap > 0) o.bucket_cap_bytes = bucket_cap;
+  if (bucket_cap > 0 && s == ShardingStrategy::kNoShard) o.bucket_cap_bytes = bucket_cap;  // no_shard's only
   fsdp::fully_shard_tree(model, g, fsdp::wrap_by_type<torch::nn::LinearImpl>(), o);
   return model;
 }

@@ -1,6 +1,7 @@
 // Tier `unit`: dim-0 shard layout math, exhaustively over small shapes and world sizes.
 #include <gtest/gtest.h>
 
+#include "fsdp/common/check.h"
 #include "fsdp/shard/layout.h"
 
 using fsdp::shard::FlatLayout;
@@ -68,6 +69,6 @@ TEST(ShardLayout, FlatLayoutOffsetsAndTotals) {
 }
 
 TEST(ShardLayout, RejectsBadInput) {
-  EXPECT_THROW(ParamShardSpec::make({3}, 0), std::invalid_argument);
-  EXPECT_THROW(ParamShardSpec::make({-1}, 2), std::invalid_argument);
+  EXPECT_THROW(ParamShardSpec::make({3}, 0), fsdp::Error);
+  EXPECT_THROW(ParamShardSpec::make({-1}, 2), fsdp::Error);
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include <string>
 #include <vector>
@@ -11,30 +12,55 @@
 
 namespace fsdp {
 
-/// One parameter managed by an FSDP unit.
+/// One parameter managed by an FSDP unit: its sharded storage, its unsharded storage, and the
+/// copies between them and the communication buffers. Not thread-safe; owned by its unit.
 ///
 /// - `sharded_param` (leaf tensor, shape (real_rows(rank), d1, ...), original dtype, requires_grad as
 ///   the module's parameter): this rank's rows. It is what optimizers update, and its .grad() is the
 ///   sharded gradient (fp32 when the module is fp32). A view of `sharded_storage`.
-/// - `sharded_storage` (shape (rows_per_rank, d1, ...)): the rows plus zero padding rows.
+/// - `sharded_storage` (shape (rows_per_rank, d1, ...)): the rows plus zero padding rows, a view of
+///   the unit's flat shard buffer.
 /// - `module_param`: the parameter object the module computes with (the unsharded param). Its data
 ///   always views `unsharded_padded`, whose storage is allocated while the unit is unsharded and
 ///   resized to 0 bytes while it is sharded; views of it saved by autograd see the re-gathered data.
-///   Strategies: with no_shard and no param_dtype cast, `unsharded_padded` *is* `sharded_storage`
-///   (the module param aliases the full rows, never freed); with zero1 its storage stays allocated
-///   between steps (full params), refreshed by an all-gather when the rows changed.
+///   Strategies whose params alias the shards (no_shard without a dtype cast): `unsharded_padded`
+///   *is* `sharded_storage` (never freed); zero1 keeps its storage allocated between steps.
 struct FSDPParam {
   std::string fqn;                 ///< name relative to the unit's module
   std::vector<int64_t> shape;      ///< unsharded shape
-  shard::ParamShardSpec spec;      ///< dim-0 layout at the unit's world size
+  shard::ParamShardSpec spec;      ///< dim-0 layout at the unit's shard world size
   bool requires_grad = true;
   at::Tensor module_param;         ///< the module's Parameter (unsharded param)
   at::Tensor sharded_storage;      ///< (rows_per_rank, d1, ...), original dtype
   at::Tensor sharded_param;        ///< (real_rows, d1, ...) leaf view of sharded_storage
   at::Tensor unsharded_padded;     ///< (world_size*rows_per_rank, d1, ...), param_dtype
 
+  /// Makes this rank's shard: copies rows [row_offset(rank), +real_rows) of module_param into
+  /// `storage` (shape (rows_per_rank * row_numel), a slice of the unit's flat buffer), creates
+  /// sharded_param, and points module_param at unsharded_padded (param_dtype), which aliases the
+  /// storage when `alias` is true and is freed otherwise. spec must be set. Not collective.
+  void init_shard(const at::Tensor& storage, int64_t rank, c10::ScalarType param_dtype, bool alias);
+
+  /// Allocates unsharded_padded's storage (no-op when allocated).
+  void alloc_unsharded();
+  /// Frees unsharded_padded's storage (0 bytes); module_param keeps its shape, holds no data.
+  void free_unsharded();
   /// Bytes of the unsharded padded storage when allocated.
   int64_t unsharded_bytes() const;
+  /// Bytes of unsharded storage allocated now (0 when freed).
+  int64_t allocated_unsharded_bytes() const;
+
+  /// Copies this param's rows out of an all-gather result: `blocks` is (world, S) with this
+  /// param's slice at [offset, offset + padded_shard_numel) of every block. Allocates first.
+  void copy_in_unsharded(const at::Tensor& blocks, int64_t offset);
+  /// Writes module_param's unsharded gradient into a reduce-scatter input `blocks` (world, S) at
+  /// [offset, offset + padded_shard_numel) of every block (rank-major rows, zero padding; zeros when
+  /// there is no gradient on this rank), then frees the unsharded gradient. Throws fsdp::Error
+  /// (naming `where`) when the gradient's shape differs from the param's.
+  void take_unsharded_grad(const at::Tensor& blocks, int64_t offset, const std::string& where);
+  /// sharded_param.grad() += piece (cast to the param's dtype), or = a copy when undefined.
+  /// piece: (real_rows, d1, ...) or anything of that numel.
+  void accumulate_sharded_grad(const at::Tensor& piece);
 };
 
 }  // namespace fsdp

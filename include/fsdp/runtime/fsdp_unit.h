@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fsdp/comm/process_group.h"
+#include "fsdp/common/check.h"
 #include "fsdp/runtime/fsdp_param.h"
 #include "fsdp/runtime/options.h"
 
@@ -25,26 +26,42 @@ const char* to_string(ShardedState s);
 inline std::ostream& operator<<(std::ostream& os, TrainingState s) { return os << to_string(s); }
 inline std::ostream& operator<<(std::ostream& os, ShardedState s) { return os << to_string(s); }
 
-struct RootContext;
+namespace detail {
+class Scheduler;
+class SubGroupCache;
+class DdpReducer;
+struct StrategyTraits;
+struct AllGatherResult;
+struct ReduceScatterResult;
+}  // namespace detail
 
-/// The state of one FSDP unit: its params' shards, the communication buffers of one all-gather and
-/// one reduce-scatter, and the hooks run by fsdp::call. Created by fully_shard; not copyable.
+/// The state machine of one FSDP unit: SHARDED -> (unshard: all-gather) -> UNSHARDED -> (reshard:
+/// free) -> SHARDED, driven by the hooks fsdp::call and the autograd functions run. What a strategy
+/// does is a row of traits (src/runtime/strategy.h); the collectives are free functions over the
+/// unit's params (src/runtime/unit_collectives.h); the tree's order, prefetch and end-of-backward
+/// live in its Scheduler. Created by fully_shard; not copyable.
 ///
 /// Call-order rule: all ranks of the group run the same units in the same order (same forward,
 /// same backward), as for any collective. Hooks run on the thread that runs forward / backward.
-class FSDPUnit {
+class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
  public:
   /// Shards `params` (entries with fqn, shape, requires_grad and module_param filled in; see
   /// fully_shard, which collects them). Collective over group: checks that every rank passes the
-  /// same names, shapes, dtypes and requires_grad flags (fsdp::Error naming the parameter and both
-  /// ranks' values otherwise). Throws fsdp::Error for unsupported options.
-  FSDPUnit(std::shared_ptr<torch::nn::Module> module, std::string name,
-           comm::ProcessGroupPtr group, FullyShardOptions options, std::vector<FSDPParam> params);
+  /// same names, shapes, dtypes, requires_grad flags and options (fsdp::Error, kind kMismatch,
+  /// naming the parameter and both ranks' values otherwise), then takes the strategy's shard and
+  /// replicate groups from `sub_groups`. Throws fsdp::Error (kInvalidArgument) for options that do
+  /// not apply or are out of range, and for unsupported dtypes or devices.
+  FSDPUnit(std::shared_ptr<torch::nn::Module> module, std::string name, comm::ProcessGroupPtr group,
+           FullyShardOptions options, std::vector<FSDPParam> params, detail::SubGroupCache& sub_groups);
   ~FSDPUnit();
   FSDPUnit(const FSDPUnit&) = delete;
   FSDPUnit& operator=(const FSDPUnit&) = delete;
 
   const std::string& name() const { return name_; }
+  /// A number unique to this unit in the process, never reused.
+  uint64_t id() const { return id_; }
+  /// "rank R, unit NAME, op OP" for errors.
+  ErrorContext where(const std::string& op) const;
   /// The wrapped module (the unit holds it weakly: it must be alive).
   torch::nn::Module& module() { return *module_raw_; }
   /// True while the wrapped module is alive.
@@ -85,7 +102,7 @@ class FSDPUnit {
 
   /// When false, post-backward keeps the unsharded gradients (accumulating over backward passes)
   /// and issues no reduce-scatter; the next backward with true reduces everything accumulated.
-  void set_requires_gradient_sync(bool sync) { requires_gradient_sync_ = sync; }
+  void set_requires_gradient_sync(bool sync);
   bool requires_gradient_sync() const { return requires_gradient_sync_; }
 
   // Hooks (called by fsdp::call and the autograd functions; public for tests and drivers).
@@ -93,6 +110,11 @@ class FSDPUnit {
   std::vector<at::Tensor> post_forward(std::vector<at::Tensor> outputs);
   void pre_backward(int64_t forward_index);
   void post_backward();
+  /// Waits for this unit's in-flight gradient reduction and adds its result to the sharded grads:
+  /// the reduce-scatter (plus, for hybrid_shard, the all-reduce across replicas, blocking); for
+  /// no_shard, at the end of a backward the unit took part in, first issues every bucket not issued
+  /// yet (parameters without a gradient contribute zeros), then waits for all of them.
+  void finish_reduce_scatter();
 
   /// Bytes this rank holds for the sharded params (padding included) / sharded grads.
   int64_t sharded_param_bytes() const;
@@ -108,31 +130,16 @@ class FSDPUnit {
   c10::ScalarType param_dtype() const { return param_dtype_; }
   c10::ScalarType reduce_dtype() const { return reduce_dtype_; }
 
-  // Internal: set by the root's lazy init.
-  std::shared_ptr<RootContext> root_context() const { return root_; }
-  void set_root_context(std::shared_ptr<RootContext> root) { root_ = std::move(root); }
-  /// Waits for this unit's in-flight gradient reduction and adds its result to the sharded grads:
-  /// the reduce-scatter (plus, for hybrid_shard, the all-reduce across replicas, blocking); for
-  /// no_shard, at the end of a backward the unit took part in, first issues every bucket not issued
-  /// yet (parameters without a gradient contribute zeros), then waits for all of them.
-  void finish_reduce_scatter();
-  /// no_shard: called by the AccumulateGrad post-hook of trainable parameter `index` once its
-  /// gradient of this backward is accumulated; issues the buckets that became complete, in order.
-  void on_grad_accumulated(int index);
+  /// The tree's scheduler (null before the root's first forward). Internal.
+  const std::shared_ptr<detail::Scheduler>& scheduler() const { return scheduler_; }
 
  private:
-  std::string where() const;  // "[fsdp rank R] unit 'name'"
   void init_shards();
   void lazy_init_root();
-  void check_consistency_across_ranks(int shard_size);
-  void copy_out_all_gather();
-  void issue_reduce_scatter();
   bool reshard_after_forward() const;
-  bool params_aliased() const;   // no_shard with param_dtype == original dtype
-  bool params_fresh() const;     // zero1: full params hold the current sharded rows
-  void build_buckets();
-  void issue_bucket(size_t b);
+  bool params_fresh() const;  // lazy gather: the full params hold the current sharded rows
 
+  uint64_t id_;
   std::weak_ptr<torch::nn::Module> module_;
   torch::nn::Module* module_raw_;
   std::string name_;
@@ -140,45 +147,29 @@ class FSDPUnit {
   comm::ProcessGroupPtr shard_group_;
   comm::ProcessGroupPtr replicate_group_;
   FullyShardOptions options_;
+  const detail::StrategyTraits* traits_;
   std::vector<FSDPParam> params_;
   shard::FlatLayout gather_layout_;  // all params
   shard::FlatLayout reduce_layout_;  // params with requires_grad, in order
-  std::vector<int> reduce_param_index_;
+  std::vector<int> reduce_index_;    // reduce_layout_ entry j -> params_ index
   c10::ScalarType orig_dtype_ = c10::kFloat;
   c10::ScalarType param_dtype_ = c10::kFloat;
   c10::ScalarType reduce_dtype_ = c10::kFloat;
+  bool params_alias_ = false;  // module params are the shard storage (no copy, never freed)
 
   TrainingState training_state_ = TrainingState::kIdle;
   ShardedState sharded_state_ = ShardedState::kSharded;
   bool requires_gradient_sync_ = true;
-  at::Tensor sharded_flat_;  // this rank's padded shards of all params, original dtype
+  bool backward_active_ = false;  // a hook of this unit ran in the current backward
+  at::Tensor sharded_flat_;       // this rank's padded shards of all params, original dtype
   int64_t forward_index_ = 0;
-  at::Tensor all_gather_input_, all_gather_output_;
-  comm::WorkPtr all_gather_work_;
-  at::Tensor reduce_scatter_input_, reduce_scatter_output_;
-  comm::WorkPtr reduce_scatter_work_;
-  std::shared_ptr<RootContext> root_;
-  // zero1: versions of the sharded params when the full params were last gathered.
+  std::unique_ptr<detail::AllGatherResult> gather_;
+  std::unique_ptr<detail::ReduceScatterResult> reduce_;
+  std::shared_ptr<detail::DdpReducer> reducer_;  // GradSync::kBuckets only
+  std::shared_ptr<detail::Scheduler> scheduler_;
+  // Lazy gather: versions of the sharded params when the full params were last gathered.
   std::vector<int64_t> gathered_versions_;
-  bool grads_reduced_since_gather_ = false;  // zero1: a reduced gradient may have been applied
-  // no_shard gradient buckets (reverse parameter order), see docs/architecture.md "Strategies".
-  struct Bucket {
-    std::vector<int> params;  // indices into params_
-    int64_t numel = 0;
-    int ready = 0;
-    bool issued = false;
-    at::Tensor buffer;
-    comm::WorkPtr work;
-  };
-  std::vector<Bucket> buckets_;
-  std::vector<int> param_bucket_;    // params_ index -> bucket (-1: frozen)
-  std::vector<char> param_ready_;    // gradient of this backward accumulated
-  size_t next_bucket_ = 0;
-  bool backward_active_ = false;     // a hook of this unit ran in the current backward
-  // AccumulateGrad nodes of the trainable params (owning references: the tensor holds them
-  // weakly, and a node that dies takes its post-hook with it).
-  std::vector<std::shared_ptr<void>> grad_accumulators_;
-  std::shared_ptr<FSDPUnit*> self_cell_;  // read by the hooks; nulled by the destructor
+  bool grads_reduced_since_gather_ = false;  // a reduced gradient may have been applied
 };
 
 }  // namespace fsdp

@@ -46,6 +46,10 @@ struct MixedPrecisionPolicy {
   std::optional<c10::ScalarType> buffer_dtype;
 };
 
+/// Default of FullyShardOptions::max_unsharded_units and ::bucket_cap_bytes.
+constexpr int kDefaultMaxUnshardedUnits = 2;
+constexpr int64_t kDefaultBucketCapBytes = 25 * 1024 * 1024;
+
 /// Options of one fully_shard call.
 struct FullyShardOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
@@ -60,16 +64,20 @@ struct FullyShardOptions {
   /// Issue the previous unit's all-gather (reverse forward order) at each pre-backward.
   bool backward_prefetch = true;
   /// Upper bound on units of one tree holding unsharded params at once, prefetched ones included;
-  /// the root unit (unsharded through the whole step) is not counted. Prefetch is skipped when the
-  /// bound is reached. >= 1.
-  int max_unsharded_units = 2;
+  /// the root unit (unsharded through the whole step) and units whose strategy keeps full params
+  /// (kNoShard, kZero1) are not counted. Prefetch is skipped when the bound is reached. A property
+  /// of the tree, read from the root unit (unset there: 2). A non-root unit may leave it unset or
+  /// give the root's value; another value is an fsdp::Error at the first forward. >= 1.
+  std::optional<int> max_unsharded_units;
   /// kHybridShard only: ranks per shard group (consecutive ranks of the fully_shard group). Must
   /// divide the group size (fsdp::Error otherwise). 0 (default) means the whole group: one shard
-  /// group, no replication, i.e. exactly kFullShard behaviour. Ignored by other strategies.
+  /// group, no replication, i.e. exactly kFullShard behaviour. Any other value with another
+  /// strategy is an fsdp::Error (it would be ignored).
   int hybrid_shard_group_size = 0;
   /// kNoShard only: upper bound in bytes (in reduce_dtype) of one gradient all-reduce bucket (a
-  /// single parameter larger than this gets a bucket of its own). > 0. Default 25 MiB like DDP.
-  int64_t bucket_cap_bytes = 25 * 1024 * 1024;
+  /// single parameter larger than this gets a bucket of its own). > 0. Unset: 25 MiB, like DDP.
+  /// Setting it with another strategy is an fsdp::Error (it would be ignored).
+  std::optional<int64_t> bucket_cap_bytes;
 };
 
 }  // namespace fsdp

@@ -21,7 +21,7 @@ struct ParamShardSpec {
   int64_t world_size = 1;
   int64_t rows_per_rank = 0;  ///< ceil(dim0 / world_size)
 
-  /// Throws std::invalid_argument for world_size < 1 or negative sizes.
+  /// Throws fsdp::Error (kInvalidArgument) for world_size < 1 or negative sizes.
   static ParamShardSpec make(const std::vector<int64_t>& shape, int64_t world_size);
 
   int64_t numel() const { return dim0 * row_numel; }

@@ -6,7 +6,7 @@
 #include <cstdio>
 
 int main() {
-  auto world = fsdp::comm::MpiProcessGroup::world();
+  auto world = fsdp::comm::mpi_world();
   auto lin = torch::nn::Linear(torch::nn::LinearOptions(3, 2).bias(false)).ptr();
   {
     torch::NoGradGuard g;

@@ -1,0 +1,59 @@
+// Backend: the transport under a ProcessGroup. It only moves and reduces bytes; validation,
+// statistics, issue order and the communication thread live in ProcessGroup (layer 1).
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <c10/core/DeviceType.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace fsdp::comm {
+
+/// Reduction applied by reduce-scatter and all-reduce. kAvg divides the sum by the group size.
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+const char* to_string(ReduceOp op);
+
+/// One rank's endpoint of a group of ranks in some transport (MPI, in-process threads; NCCL
+/// later). Owned by exactly one ProcessGroup, which calls it from its communication thread only,
+/// one operation at a time, in issue order, with arguments already validated:
+///  - tensors are contiguous, on device_type(), with numel() <= max_elements();
+///  - reductions (reduce_scatter, all_reduce) get float32, float64, int32 or int64 and op kSum,
+///    kMax or kMin (ProcessGroup reduces bfloat16/float16 in float32 itself and turns kAvg into
+///    kSum followed by a division);
+///  - all_gather, all_to_all and broadcast get any supported dtype (raw bytes).
+/// Every call blocks until the operation has completed on this rank and throws fsdp::Error (kind
+/// kCollective) naming the op when the transport fails. Implementations need not be thread-safe.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  /// "mpi", "threaded", ...
+  virtual std::string name() const = 0;
+  /// This rank in the group, in [0, size()).
+  virtual int rank() const = 0;
+  /// Ranks in the group.
+  virtual int size() const = 0;
+  /// Where the tensors of this backend live (kCPU for MPI and threads).
+  virtual c10::DeviceType device_type() const = 0;
+  /// Largest numel() of one tensor argument (MPI counts are C ints).
+  virtual int64_t max_elements() const = 0;
+
+  /// output (size() * n elements) = concat over ranks r of rank r's input (n elements).
+  virtual void all_gather(const at::Tensor& output, const at::Tensor& input) = 0;
+  /// output (n) = reduce over ranks of input[rank*n : (rank+1)*n] (input: size() * n elements).
+  virtual void reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) = 0;
+  /// tensor = reduce over ranks of tensor, in place; every rank gets bitwise the same result.
+  virtual void all_reduce(const at::Tensor& tensor, ReduceOp op) = 0;
+  /// output block q (n elements) = rank q's input block rank() (input, output: size() * n).
+  virtual void all_to_all(const at::Tensor& output, const at::Tensor& input) = 0;
+  /// tensor on every rank = tensor of rank root, in place.
+  virtual void broadcast(const at::Tensor& tensor, int root) = 0;
+  /// Completes once every rank has entered it.
+  virtual void barrier() = 0;
+  /// Collective: the ranks with the same color form a new backend, ordered by (key, rank).
+  virtual std::unique_ptr<Backend> split(int color, int key) = 0;
+};
+
+}  // namespace fsdp::comm

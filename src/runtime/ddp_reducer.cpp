@@ -1,0 +1,169 @@
+#include "ddp_reducer.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "fsdp/common/check.h"
+
+namespace fsdp::detail {
+
+BucketPlan::BucketPlan(const std::vector<int64_t>& numels, int64_t cap_elems)
+    : bucket_of_(numels.size(), -1), ready_(numels.size(), 0) {
+  for (int i = static_cast<int>(numels.size()) - 1; i >= 0; --i) {
+    const int64_t n = numels[i];
+    if (n < 0) continue;
+    if (buckets_.empty() || (buckets_.back().numel > 0 && buckets_.back().numel + n > cap_elems)) {
+      buckets_.emplace_back();
+    }
+    buckets_.back().params.push_back(i);
+    buckets_.back().numel += n;
+    bucket_of_[i] = static_cast<int>(buckets_.size()) - 1;
+  }
+}
+
+std::vector<size_t> BucketPlan::mark_ready(int i, bool* twice) {
+  *twice = ready_[i] != 0;
+  if (*twice) return {};
+  ready_[i] = 1;
+  buckets_[bucket_of_[i]].ready++;
+  std::vector<size_t> now;
+  while (next_ < buckets_.size() &&
+         buckets_[next_].ready == static_cast<int>(buckets_[next_].params.size())) {
+    now.push_back(next_++);
+  }
+  return now;
+}
+
+std::vector<size_t> BucketPlan::take_remaining() {
+  std::vector<size_t> rest;
+  while (next_ < buckets_.size()) rest.push_back(next_++);
+  return rest;
+}
+
+void BucketPlan::reset() {
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (auto& b : buckets_) b.ready = 0;
+  next_ = 0;
+}
+
+namespace {
+
+std::vector<int64_t> trainable_numels(const std::vector<FSDPParam>& params) {
+  std::vector<int64_t> n;
+  for (const auto& p : params) n.push_back(p.requires_grad ? p.spec.numel() : -1);
+  return n;
+}
+
+// Runs after a trainable parameter's AccumulateGrad node (its gradient of this backward is
+// accumulated into .grad()).
+struct GradAccumulatedHook : torch::autograd::FunctionPostHook {
+  GradAccumulatedHook(std::weak_ptr<DdpReducer> reducer, int index) : reducer(std::move(reducer)), index(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (auto r = reducer.lock()) r->on_grad_accumulated(index);
+    return outputs;
+  }
+  std::weak_ptr<DdpReducer> reducer;
+  int index;
+};
+
+}  // namespace
+
+DdpReducer::DdpReducer(std::vector<FSDPParam>& params, comm::ProcessGroupPtr group,
+                       c10::ScalarType reduce_dtype, int64_t cap_bytes, std::string unit_name)
+    : params_(params),
+      group_(std::move(group)),
+      reduce_dtype_(reduce_dtype),
+      unit_name_(std::move(unit_name)),
+      plan_(trainable_numels(params), cap_bytes / static_cast<int64_t>(c10::elementSize(reduce_dtype))),
+      buffers_(plan_.num_buckets()),
+      works_(plan_.num_buckets()) {}
+
+std::shared_ptr<DdpReducer> DdpReducer::create(std::vector<FSDPParam>& params, comm::ProcessGroupPtr group,
+                                               c10::ScalarType reduce_dtype, int64_t cap_bytes,
+                                               std::string unit_name) {
+  std::shared_ptr<DdpReducer> r(new DdpReducer(params, std::move(group), reduce_dtype, cap_bytes, std::move(unit_name)));
+  r->install_hooks();
+  return r;
+}
+
+void DdpReducer::install_hooks() {
+  for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
+    auto& p = params_[i];
+    if (!p.requires_grad) continue;
+    auto acc = torch::autograd::impl::grad_accumulator(p.module_param);
+    FSDP_CHECK(acc, ErrorKind::kInvalidArgument, (ErrorContext{group_->rank(), unit_name_, "fully_shard"}),
+               "parameter '", p.fqn, "' has no gradient accumulator");
+    acc->add_post_hook(std::make_unique<GradAccumulatedHook>(weak_from_this(), i));
+    using Acc = decltype(acc);
+    grad_accumulators_.emplace_back(new Acc(std::move(acc)), [](void* q) { delete static_cast<Acc*>(q); });
+  }
+}
+
+void DdpReducer::on_grad_accumulated(int i) {
+  if (!armed_) return;
+  bool twice = false;
+  std::vector<size_t> ready = plan_.mark_ready(i, &twice);
+  FSDP_CHECK(!twice, ErrorKind::kState, (ErrorContext{group_->rank(), unit_name_, "backward"}),
+             "gradient of '", params_[i].fqn,
+             "' was accumulated twice in one backward pass; no_shard reduces each parameter's "
+             "gradient once per backward (its bucket may already be on the wire)");
+  touched_ = true;
+  for (size_t b : ready) issue(b);
+}
+
+void DdpReducer::issue(size_t b) {
+  at::NoGradGuard no_grad;
+  at::Tensor buffer = at::empty({plan_.numel_of(b)}, at::dtype(reduce_dtype_));
+  int64_t off = 0;
+  for (int i : plan_.params_of(b)) {
+    auto& p = params_[i];
+    const int64_t n = p.spec.numel();
+    at::Tensor dst = buffer.narrow(0, off, n);
+    off += n;
+    const at::Tensor& g = p.module_param.grad();
+    if (g.defined()) {
+      FSDP_CHECK(g.numel() == n, ErrorKind::kInvalidArgument, (ErrorContext{group_->rank(), unit_name_, "backward"}),
+                 expected_actual("gradient shape of '" + p.fqn + "'", p.module_param.sizes(), g.sizes()));
+      dst.copy_(g.reshape({n}));
+    } else {
+      dst.zero_();  // unused on this rank in this backward
+    }
+    p.module_param.mutable_grad() = at::Tensor();  // free the unsharded gradient
+  }
+  buffers_[b] = buffer;
+  works_[b] = group_->all_reduce(buffer, comm::ReduceOp::kAvg);
+}
+
+void DdpReducer::finish(bool issue_rest) {
+  if (issue_rest) {
+    for (size_t b : plan_.take_remaining()) issue(b);
+  }
+  for (size_t b = 0; b < works_.size(); ++b) {
+    if (!works_[b]) continue;
+    works_[b]->wait();
+    int64_t off = 0;
+    for (int i : plan_.params_of(b)) {
+      auto& p = params_[i];
+      const int64_t n = p.spec.numel();
+      p.accumulate_sharded_grad(buffers_[b].narrow(0, off, n));
+      off += n;
+    }
+    buffers_[b] = at::Tensor();
+    works_[b].reset();
+  }
+  plan_.reset();
+  touched_ = false;
+}
+
+void DdpReducer::abandon() {
+  for (auto& w : works_) {
+    try {
+      if (w) w->wait();
+    } catch (...) {
+    }
+  }
+}
+
+}  // namespace fsdp::detail

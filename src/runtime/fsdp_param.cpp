@@ -1,0 +1,119 @@
+#include "fsdp/runtime/fsdp_param.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+
+#include "fsdp/common/check.h"
+
+namespace fsdp {
+namespace {
+
+std::vector<int64_t> shape_with_rows(const FSDPParam& p, int64_t rows) {
+  std::vector<int64_t> s = p.shape;
+  if (s.empty()) return {rows};  // 0-dim params are one row of one element
+  s[0] = rows;
+  return s;
+}
+
+}  // namespace
+
+// [Note: storage-resize free] The unsharded param keeps one StorageImpl for its whole life; reshard
+// frees the bytes (size 0), unshard allocates them again. Autograd may have saved views of the
+// param (e.g. weight.t() in linear): they share the StorageImpl, so they see the re-gathered data
+// in backward and hold no memory in between (the approach of PyTorch FSDP2's storage resize_(0)).
+void FSDPParam::free_unsharded() {
+  auto* impl = unsharded_padded.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(at::DataPtr(nullptr, unsharded_padded.device()));
+  impl->set_nbytes(0);
+}
+
+void FSDPParam::alloc_unsharded() {
+  auto* impl = unsharded_padded.storage().unsafeGetStorageImpl();
+  const int64_t nbytes = unsharded_bytes();
+  if (static_cast<int64_t>(impl->nbytes()) == nbytes && impl->data() != nullptr) return;
+  c10::Allocator* alloc = c10::GetAllocator(unsharded_padded.device().type());
+  impl->set_data_ptr_noswap(alloc->allocate(nbytes));
+  impl->set_nbytes(nbytes);
+}
+
+int64_t FSDPParam::unsharded_bytes() const {
+  return spec.padded_numel() * static_cast<int64_t>(unsharded_padded.element_size());
+}
+
+int64_t FSDPParam::allocated_unsharded_bytes() const {
+  return unsharded_padded.defined() ? static_cast<int64_t>(unsharded_padded.storage().nbytes()) : 0;
+}
+
+void FSDPParam::init_shard(const at::Tensor& storage, int64_t rank, c10::ScalarType param_dtype,
+                           bool alias) {
+  at::NoGradGuard no_grad;
+  const auto& s = spec;
+  sharded_storage = storage.view(shape_with_rows(*this, s.rows_per_rank));
+  const int64_t rows = s.real_rows(rank);
+  if (rows > 0) {
+    at::Tensor full = module_param.detach().reshape({s.dim0, s.row_numel});
+    sharded_storage.view({s.rows_per_rank, s.row_numel})
+        .narrow(0, 0, rows)
+        .copy_(full.narrow(0, s.row_offset(rank), rows));
+  }
+  sharded_param = sharded_storage.narrow(0, 0, rows).detach();
+  sharded_param.set_requires_grad(requires_grad);
+  unsharded_padded = alias ? sharded_storage
+                           : at::empty(shape_with_rows(*this, s.rows_per_rank * s.world_size),
+                                       at::dtype(param_dtype));
+  at::Tensor view = unsharded_padded.narrow(0, 0, s.dim0);
+  module_param.set_data(shape.empty() ? view.view({}) : view);
+  if (!alias) free_unsharded();
+}
+
+void FSDPParam::copy_in_unsharded(const at::Tensor& blocks, int64_t offset) {
+  at::NoGradGuard no_grad;
+  alloc_unsharded();
+  const auto& s = spec;
+  if (s.padded_shard_numel() == 0) return;
+  const int64_t world = blocks.size(0);
+  unsharded_padded.view({world, s.rows_per_rank, s.row_numel})
+      .copy_(blocks.narrow(1, offset, s.padded_shard_numel()).view({world, s.rows_per_rank, s.row_numel}));
+}
+
+void FSDPParam::take_unsharded_grad(const at::Tensor& blocks, int64_t offset, const std::string& where) {
+  at::NoGradGuard no_grad;
+  const auto& s = spec;
+  const int64_t world = blocks.size(0);
+  at::Tensor dst = blocks.narrow(1, offset, s.padded_shard_numel());  // (world, rows_per_rank*row_numel)
+  at::Tensor g = module_param.grad();
+  module_param.mutable_grad() = at::Tensor();  // the unsharded gradient is freed once packed
+  if (!g.defined() || s.padded_shard_numel() == 0) {
+    if (s.padded_shard_numel() > 0) dst.zero_();  // no gradient on this rank this step: zeros
+    return;
+  }
+  FSDP_CHECK(g.sizes() == module_param.sizes(), ErrorKind::kInvalidArgument, (ErrorContext{-1, where, "reduce_scatter"}),
+             expected_actual("gradient shape of '" + fqn + "'", module_param.sizes(), g.sizes()));
+  at::Tensor rows = g.reshape({s.dim0, s.row_numel});
+  at::Tensor out = dst.view({world, s.rows_per_rank, s.row_numel});
+  const int64_t full = s.rows_per_rank ? s.dim0 / s.rows_per_rank : 0;  // ranks with all rows real
+  const int64_t rem = s.dim0 - full * s.rows_per_rank;
+  if (full > 0) {
+    out.narrow(0, 0, full).copy_(rows.narrow(0, 0, full * s.rows_per_rank).view({full, s.rows_per_rank, s.row_numel}));
+  }
+  if (full < world) {
+    // The rank holding the last real rows, then padding (and ranks with empty shards) as zeros.
+    at::Tensor partial = out[full];
+    if (rem > 0) partial.narrow(0, 0, rem).copy_(rows.narrow(0, full * s.rows_per_rank, rem));
+    partial.narrow(0, rem, s.rows_per_rank - rem).zero_();
+    if (full + 1 < world) out.narrow(0, full + 1, world - full - 1).zero_();
+  }
+}
+
+void FSDPParam::accumulate_sharded_grad(const at::Tensor& piece) {
+  at::NoGradGuard no_grad;
+  at::Tensor p = piece.view(sharded_param.sizes());
+  at::Tensor& grad = sharded_param.mutable_grad();
+  if (!grad.defined()) {
+    grad = p.to(sharded_param.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  } else {
+    grad.add_(p.to(sharded_param.scalar_type()));
+  }
+}
+
+}  // namespace fsdp

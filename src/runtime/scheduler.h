@@ -1,0 +1,84 @@
+// Scheduler: the state one root unit's tree shares (internal): forward order, prefetch and its
+// bound, the reduce-scatters in flight, the end-of-backward callback, unsharded-bytes counters.
+// docs/architecture.md, "[Note: root and final callback]".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "fsdp/common/check.h"
+
+namespace fsdp {
+class FSDPUnit;
+
+namespace detail {
+
+/// Created by the root unit at its first forward; every unit of the tree holds it, and it holds the
+/// units weakly (a unit that died is skipped). Hooks run on the thread that runs forward and
+/// backward; not thread-safe beyond that.
+class Scheduler : public std::enable_shared_from_this<Scheduler> {
+ public:
+  /// units: every unit of the tree, root first. max_unsharded_units: the tree's bound (>= 1).
+  Scheduler(const std::vector<std::shared_ptr<FSDPUnit>>& units, int max_unsharded_units);
+
+  /// True for the tree's root unit (compared by address, never dereferenced).
+  bool is_root(const FSDPUnit* unit) const { return unit == root_; }
+  /// The units alive now, root first.
+  std::vector<std::shared_ptr<FSDPUnit>> units() const;
+  int max_unsharded_units() const { return max_unsharded_units_; }
+
+  // -- forward --
+  /// The root's forward starts: clears this forward's order. Throws fsdp::Error (kState, at
+  /// `where`) when the root's forward is re-entered.
+  void begin_forward(const ErrorContext& where);
+  bool in_forward() const { return in_forward_; }
+  /// Records a unit's use in this forward; returns its index in the forward order.
+  int64_t record_use(FSDPUnit* unit);
+  /// Forward prefetch: issues the all-gather of the unit used after `index` in the last forward.
+  void prefetch_next(int64_t index);
+  /// The root's forward ends; with grad disabled every unit is resharded (inference).
+  void end_forward(bool grad_enabled);
+
+  // -- backward --
+  /// Queues the end-of-backward callback on the autograd engine, once per backward pass.
+  void ensure_final_callback();
+  /// Backward prefetch: issues the all-gather of the unit used before `index` in this forward.
+  void prefetch_previous(int64_t index);
+  /// `unit` issued its reduce-scatter: the previous unit's is finished (one in flight at a time
+  /// besides the newest), bounding the gradient buffers alive.
+  void on_reduce_scatter_issued(FSDPUnit* unit);
+  /// `unit` finished its reduce-scatter.
+  void on_reduce_scatter_finished(FSDPUnit* unit);
+
+  // -- accounting of transient unsharded params (strategies that keep full params excluded) --
+  void on_unsharded(int64_t bytes);
+  void on_resharded(int64_t bytes);
+  int64_t unsharded_param_bytes() const { return unsharded_param_bytes_; }
+  int64_t peak_unsharded_param_bytes() const { return peak_unsharded_param_bytes_; }
+  void reset_peak_unsharded_param_bytes() { peak_unsharded_param_bytes_ = unsharded_param_bytes_; }
+
+ private:
+  // Issues the all-gather of the unit (if alive) when it is sharded and the bound allows it.
+  void prefetch(const std::weak_ptr<FSDPUnit>& unit);
+  // Units (root excluded, full-param strategies excluded) holding or gathering params now.
+  int num_unsharded_counted() const;
+  // End of backward: post-backward of units whose hook could not run, wait for every reduction,
+  // reshard every unit.
+  void final_callback();
+
+  using Units = std::vector<std::weak_ptr<FSDPUnit>>;
+  const FSDPUnit* root_;
+  Units units_;
+  int max_unsharded_units_;
+  Units forward_order_;       // uses in this forward, in order
+  Units last_forward_order_;  // uses in the last finished forward
+  bool in_forward_ = false;
+  bool callback_queued_ = false;
+  std::weak_ptr<FSDPUnit> last_reduce_scatter_;
+  int64_t unsharded_param_bytes_ = 0;
+  int64_t peak_unsharded_param_bytes_ = 0;
+};
+
+}  // namespace detail
+}  // namespace fsdp

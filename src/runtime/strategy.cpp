@@ -1,0 +1,86 @@
+#include "strategy.h"
+
+#include <algorithm>
+
+namespace fsdp::detail {
+namespace {
+
+using S = ShardingStrategy;
+
+// strategy, shard over, replicates over group, keeps full, alias, gathers, lazy, reshard default,
+// may reshard, grad sync, uses hybrid size, uses bucket cap
+const StrategyTraits kTraits[] = {
+    {S::kFullShard, ShardOver::kWholeGroup, false, false, false, true, false, true, true,
+     GradSync::kReduceScatter, false, false},
+    {S::kShardGradOp, ShardOver::kWholeGroup, false, false, false, true, false, false, true,
+     GradSync::kReduceScatter, false, false},
+    {S::kNoShard, ShardOver::kThisRank, true, true, true, false, false, false, false, GradSync::kBuckets,
+     false, true},
+    {S::kHybridShard, ShardOver::kHybridGroup, false, false, false, true, false, true, true,
+     GradSync::kReduceScatter, true, false},
+    {S::kZero1, ShardOver::kWholeGroup, false, true, false, true, true, false, false,
+     GradSync::kReduceScatter, false, false},
+};
+
+}  // namespace
+
+const StrategyTraits& traits_of(ShardingStrategy s) {
+  for (const auto& t : kTraits) {
+    if (t.strategy == s) return t;
+  }
+  throw Error(ErrorKind::kInvalidArgument, ErrorContext{}, str_cat("unknown sharding strategy ", static_cast<int>(s)));
+}
+
+int validated_shard_size(const FullyShardOptions& o, int group_size, const ErrorContext& where) {
+  const StrategyTraits& t = traits_of(o.strategy);
+  const std::string name = to_string(o.strategy);
+  FSDP_CHECK(!o.max_unsharded_units || *o.max_unsharded_units >= 1, ErrorKind::kInvalidArgument, where,
+             "max_unsharded_units must be >= 1, got ", o.max_unsharded_units.value_or(0));
+  FSDP_CHECK(t.may_reshard_after_forward || !o.reshard_after_forward.value_or(false),
+             ErrorKind::kInvalidArgument, where, "reshard_after_forward=true contradicts strategy ",
+             name, " (its full params stay on every rank)");
+  FSDP_CHECK(t.uses_bucket_cap || !o.bucket_cap_bytes, ErrorKind::kInvalidArgument, where,
+             "bucket_cap_bytes applies to no_shard only; strategy ", name,
+             " reduces each unit's gradients in one collective (leave it unset)");
+  FSDP_CHECK(!o.bucket_cap_bytes || *o.bucket_cap_bytes > 0, ErrorKind::kInvalidArgument, where,
+             "bucket_cap_bytes must be > 0, got ", o.bucket_cap_bytes.value_or(0));
+  FSDP_CHECK(t.uses_hybrid_shard_group_size || o.hybrid_shard_group_size == 0,
+             ErrorKind::kInvalidArgument, where, "hybrid_shard_group_size ", o.hybrid_shard_group_size,
+             " applies to hybrid_shard only, not to strategy ", name, " (leave it 0)");
+  switch (t.shard_over) {
+    case ShardOver::kWholeGroup: return group_size;
+    case ShardOver::kThisRank: return 1;
+    case ShardOver::kHybridGroup: {
+      const int g = o.hybrid_shard_group_size;
+      FSDP_CHECK(g >= 0 && (g == 0 || group_size % g == 0), ErrorKind::kInvalidArgument, where,
+                 "hybrid_shard_group_size ", g, " must divide the group size ", group_size,
+                 " (or be 0 for the whole group)");
+      return g == 0 ? group_size : g;
+    }
+  }
+  return group_size;
+}
+
+UnitGroups SubGroupCache::get(const comm::ProcessGroupPtr& group, int shard_size) {
+  const int n = group->size(), r = group->rank();
+  if (shard_size == n) return {group, nullptr};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
+                                  [](const Entry& e) { return e.parent.expired() || e.shard.expired(); }),
+                   entries_.end());
+    for (const auto& e : entries_) {
+      if (e.shard_size != shard_size || e.parent.lock() != group) continue;
+      auto shard = e.shard.lock();
+      auto replicate = shard_size == 1 ? group : e.replicate.lock();
+      if (shard && replicate) return {shard, replicate};
+    }
+  }
+  comm::ProcessGroupPtr shard = group->split(r / shard_size, r);
+  comm::ProcessGroupPtr replicate = shard_size == 1 ? group : group->split(r % shard_size, r);
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_.push_back({group, shard, shard_size == 1 ? nullptr : replicate, shard_size});
+  return {shard, replicate};
+}
+
+}  // namespace fsdp::detail
