@@ -111,7 +111,30 @@ inline void check_all_collectives(fsdp::comm::ProcessGroup& g) {
   check_half_precision_reduction(g);
   g.barrier()->wait();
 
-  // Ops run in issue order on the communication thread: issue many, then wait in reverse.
+  // Ops run in issue order, one at a time, on the communication thread. A chain on one tensor
+  // whose result depends on the order and on each op seeing the previous one's output:
+  // max (-> N), sum (-> N^2), sum (-> N^3); any other order or overlap gives another value (N >= 2).
+  {
+    at::Tensor c = at::full({3}, static_cast<double>(g.rank() + 1), at::kDouble);
+    auto w1 = g.all_reduce(c, ReduceOp::kMax);
+    auto w2 = g.all_reduce(c, ReduceOp::kSum);
+    auto w3 = g.all_reduce(c, ReduceOp::kSum);
+    w3->wait();
+    EXPECT_TRUE(w1->is_completed() && w2->is_completed()) << "an op finished before an earlier one";
+    const double n = g.size();
+    EXPECT_TRUE(at::equal(c, at::full({3}, n * n * n, at::kDouble)))
+        << "issue order: max, sum, sum of rank+1 must give N^3 = " << n * n * n << ", got " << c;
+    // The same through two kinds: an all-gather into buf, then an all-reduce of buf.
+    at::Tensor in = at::full({2}, static_cast<double>(g.rank()), at::kDouble);
+    at::Tensor buf = at::full({2 * g.size()}, -1.0, at::kDouble);
+    auto wa = g.all_gather_into_tensor(buf, in);
+    auto wb = g.all_reduce(buf, ReduceOp::kSum);
+    wb->wait();
+    wa->wait();
+    at::Tensor expect = at::arange(g.size(), at::kDouble).repeat_interleave(2) * n;
+    EXPECT_TRUE(at::equal(buf, expect)) << "all_reduce ran before the all_gather it follows: " << buf;
+  }
+  // Independent ops: issue many, then wait in reverse.
   std::vector<at::Tensor> ts;
   std::vector<fsdp::comm::WorkPtr> ws;
   for (int k = 0; k < 8; ++k) {

@@ -22,9 +22,12 @@ TEST(ThreadedParity, AwkwardMlpWorldSizes5To8) {
         run.make_model = [] { return MLP(13, 19, 3, true, 5).ptr(); };
         run.shard = [=](const std::shared_ptr<torch::nn::Module>& m, fsdp::comm::ProcessGroupPtr grp) {
           auto mlp = std::dynamic_pointer_cast<MLPImpl>(m);
-          fsdp::fully_shard(mlp->fc1.ptr(), grp, options_for(strategy));
-          fsdp::fully_shard(mlp->fc2.ptr(), grp, options_for(strategy));
-          fsdp::fully_shard(mlp, grp, options_for(strategy));
+          fsdp::fully_shard(mlp->fc1.ptr(), grp, options_for(strategy, grp->size()));
+          fsdp::fully_shard(mlp->fc2.ptr(), grp, options_for(strategy, grp->size()));
+          auto root = fsdp::fully_shard(mlp, grp, options_for(strategy, grp->size()));
+          if (strategy == fsdp::ShardingStrategy::kHybridShard) {
+            EXPECT_GT(root->num_replicas(), 1) << "hybrid_shard must replicate at N=" << grp->size();
+          }
         };
         run.forward = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x) {
           auto mlp = std::dynamic_pointer_cast<MLPImpl>(m);

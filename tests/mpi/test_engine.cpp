@@ -4,6 +4,7 @@
 #include <torch/nn/functional/loss.h>
 
 #include "../common/models.h"
+#include "../common/step_comm.h"
 #include "../common/parity.h"
 #include "../common/scenario_util.h"
 #include "mpi_world.h"
@@ -40,18 +41,6 @@ ParityRun transformer_run(fsdp::ShardingStrategy strategy) {
   return run;
 }
 
-struct StepComm {
-  int64_t ag_calls, ag_bytes, rs_calls, rs_bytes, ar_calls;
-};
-
-StepComm delta(const fsdp::comm::CommStats::Snapshot& a, const fsdp::comm::CommStats::Snapshot& b) {
-  auto k = [](CollectiveKind c) { return static_cast<int>(c); };
-  return {b[k(CollectiveKind::kAllGather)].calls - a[k(CollectiveKind::kAllGather)].calls,
-          b[k(CollectiveKind::kAllGather)].bytes - a[k(CollectiveKind::kAllGather)].bytes,
-          b[k(CollectiveKind::kReduceScatter)].calls - a[k(CollectiveKind::kReduceScatter)].calls,
-          b[k(CollectiveKind::kReduceScatter)].bytes - a[k(CollectiveKind::kReduceScatter)].bytes,
-          b[k(CollectiveKind::kAllReduce)].calls - a[k(CollectiveKind::kAllReduce)].calls};
-}
 
 }  // namespace
 

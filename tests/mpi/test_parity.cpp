@@ -19,7 +19,11 @@ TEST(Parity, AwkwardMlpTenAdamWSteps) {
     ParityRun run;
     run.make_model = [] { return MLP(13, 19, 3, true, 5).ptr(); };
     run.shard = [=](const std::shared_ptr<torch::nn::Module>& m, fsdp::comm::ProcessGroupPtr g) {
-      fsdp::fully_shard_tree(m, g, fsdp::wrap_by_type<torch::nn::LinearImpl>(), options_for(strategy));
+      auto root = fsdp::fully_shard_tree(m, g, fsdp::wrap_by_type<torch::nn::LinearImpl>(),
+                                         options_for(strategy, g->size()));
+      if (strategy == fsdp::ShardingStrategy::kHybridShard && g->size() > 1) {
+        EXPECT_GT(root->num_replicas(), 1) << "hybrid_shard must replicate at N=" << g->size();
+      }
     };
     run.forward = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x) {
       auto mlp = std::dynamic_pointer_cast<MLPImpl>(m);

@@ -3,12 +3,16 @@
 // logical bytes per step against theory, overlap of DDP buckets with backward, checkpoint round
 // trips, and the set-up errors of invalid combinations.
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
 #include <torch/nn/functional/loss.h>
 
 #include <chrono>
 #include <filesystem>
 
 #include "../common/models.h"
+#include "../common/step_comm.h"
 #include "../common/parity.h"
 #include "../common/scenario_util.h"
 #include "fsdp/checkpoint/checkpoint.h"
@@ -58,19 +62,6 @@ int shard_size_of(ShardingStrategy s, int N) {
   return N;
 }
 
-struct StepComm {
-  int64_t ag_calls, ag_bytes, rs_calls, rs_bytes, ar_calls, ar_bytes;
-};
-
-StepComm delta(const fsdp::comm::CommStats::Snapshot& a, const fsdp::comm::CommStats::Snapshot& b) {
-  auto k = [](CollectiveKind c) { return static_cast<int>(c); };
-  auto d = [&](CollectiveKind c, bool bytes) {
-    return bytes ? b[k(c)].bytes - a[k(c)].bytes : b[k(c)].calls - a[k(c)].calls;
-  };
-  return {d(CollectiveKind::kAllGather, false), d(CollectiveKind::kAllGather, true),
-          d(CollectiveKind::kReduceScatter, false), d(CollectiveKind::kReduceScatter, true),
-          d(CollectiveKind::kAllReduce, false), d(CollectiveKind::kAllReduce, true)};
-}
 
 void train_step(const std::shared_ptr<ChainImpl>& model, torch::optim::Optimizer& opt, int step) {
   auto [x, y] = regression_batch(step, 4, kWidths.front(), kWidths.back());
@@ -215,7 +206,10 @@ TEST(Strategies, CollectiveCountsAndBytesPerStep) {
 
 // no_shard buckets are issued from the AccumulateGrad hooks while backward still runs: by the time
 // the gradient reaches the model's input (the last node of backward), every bucket but the first
-// layer's has been issued; the comm thread's events show when they started.
+// layer's has been issued; and a bucket's all-reduce completes while backward is still running: a
+// gradient hook in the middle of backward (layer 1's weight, after layers 5..2) waits until the
+// communication thread has finished an all-reduce, which only the buckets of layers 5..2 issued
+// during backward can provide (buckets issued at the end of backward would leave it waiting).
 TEST(Strategies, NoShardBucketsOverlapBackward) {
   auto g = world();
   constexpr int64_t kLayers = 6, kDim = 256;
@@ -225,144 +219,41 @@ TEST(Strategies, NoShardBucketsOverlapBackward) {
   o.bucket_cap_bytes = (kDim * kDim + kDim) * 4;  // one layer per bucket
   fsdp::fully_shard(model, g, o);                 // one unit: DDP over the whole model
   torch::optim::SGD opt(fsdp::parameters(model), torch::optim::SGDOptions(0.01));
+  const int ar = static_cast<int>(CollectiveKind::kAllReduce);
   for (int step = 0; step < 3; ++step) {
     auto [x, y] = regression_batch(step, 64, kDim, kDim);
     x.set_requires_grad(true);
     int64_t issued_before_end = -1;
-    double t_end = 0;
+    bool finished_mid_backward = false;
+    double waited_s = 0;
     auto before = g->stats().snapshot();
-    const int ar = static_cast<int>(CollectiveKind::kAllReduce);
     x.register_hook([&](const at::Tensor&) {
-      t_end = fsdp::comm::now_s();
       issued_before_end = g->stats().snapshot()[ar].calls - before[ar].calls;
     });
-    g->stats().set_record_events(true);
-    g->stats().take_events();
+    model->layers[1]->weight.register_hook([&](const at::Tensor&) {
+      const double t0 = fsdp::comm::now_s();
+      while (fsdp::comm::now_s() - t0 < 20.0) {
+        if (g->stats().snapshot()[ar].busy_s > before[ar].busy_s) {
+          finished_mid_backward = true;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      waited_s = fsdp::comm::now_s() - t0;
+    });
     F::mse_loss(fsdp::call(model, x), y).backward();
-    auto events = g->stats().take_events();
-    g->stats().set_record_events(false);
-    int64_t started_before_end = 0, total = 0;
-    for (const auto& e : events) {
-      if (e.kind != CollectiveKind::kAllReduce) continue;
-      ++total;
-      if (e.start_s < t_end) ++started_before_end;
-    }
+    const int64_t total = g->stats().snapshot()[ar].calls - before[ar].calls;
     EXPECT_EQ(total, kLayers);
     EXPECT_GE(issued_before_end, kLayers - 1) << "buckets were not issued during backward";
+    EXPECT_TRUE(finished_mid_backward) << "no bucket all-reduce completed while backward was running";
     if (g->rank() == 0) {
-      std::printf("[ddp overlap] step %d: %lld of %lld bucket all-reduces issued and %lld started "
-                  "before backward reached the input\n",
-                  step, (long long)issued_before_end, (long long)total, (long long)started_before_end);
+      std::printf("[ddp overlap] step %d: %lld of %lld bucket all-reduces issued before backward "
+                  "reached the input; one had completed %.1f ms into layer 1's gradient hook\n",
+                  step, (long long)issued_before_end, (long long)total, waited_s * 1e3);
     }
     opt.step();
     opt.zero_grad();
   }
-}
-
-// no_shard and hybrid_shard: a checkpoint saved under the strategy loads into a fresh model of the
-// same strategy (and into a full_shard one) with identical full state dicts and optimizer steps.
-TEST(Strategies, CheckpointRoundTrip) {
-  auto g = world();
-  const int N = g->size();
-  for (auto s : {ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard, ShardingStrategy::kZero1}) {
-    SCOPED_TRACE(fsdp::to_string(s));
-    at::Tensor token = at::tensor(
-        {static_cast<int64_t>(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000007)},
-        at::kLong);
-    g->broadcast(token, 0)->wait();
-    const std::string dir =
-        (fs::temp_directory_path() / ("fsdp-strategy-ckpt-" + std::to_string(token.item<int64_t>()))).string();
-    auto model = sharded_chain(s, g);
-    torch::optim::AdamW opt(fsdp::parameters(model), torch::optim::AdamWOptions(1e-2));
-    for (int step = 0; step < 2; ++step) train_step(model, opt, step);
-    fsdp::checkpoint::TrainState st;
-    st.ints["step"] = 2;
-    fsdp::checkpoint::save_sharded(dir, model, &opt, st, g);
-    auto full = fsdp::full_state_dict(model);
-    for (auto target : {ShardingStrategy::kFullShard, s}) {
-      SCOPED_TRACE("loaded as " + fsdp::to_string(target));
-      torch::manual_seed(77);
-      auto other = Chain(kWidths).ptr();
-      fsdp::fully_shard_tree(other, g, fsdp::wrap_by_type<torch::nn::LinearImpl>(), options_for(target, N));
-      torch::optim::AdamW opt2(fsdp::parameters(other), torch::optim::AdamWOptions(0.5));
-      fsdp::checkpoint::TrainState back;
-      fsdp::checkpoint::load_sharded(dir, other, &opt2, &back, g);
-      EXPECT_EQ(back.ints["step"], 2);
-      auto loaded = fsdp::full_state_dict(other);
-      ASSERT_EQ(loaded.size(), full.size());
-      for (size_t i = 0; i < full.size(); ++i) {
-        EXPECT_EQ(loaded[i].first, full[i].first);
-        EXPECT_TRUE(at::equal(loaded[i].second, full[i].second)) << full[i].first;
-      }
-      if (target == s) {
-        // one more step on both: same optimizer state, so same parameters
-        train_step(model, opt, 5);
-        train_step(other, opt2, 5);
-        auto a = fsdp::full_state_dict(model), b = fsdp::full_state_dict(other);
-        for (size_t i = 0; i < a.size(); ++i) {
-          EXPECT_TRUE(at::allclose(a[i].second, b[i].second, 1e-6, 1e-7)) << "after a step: " << a[i].first;
-        }
-      }
-    }
-    g->barrier()->wait();
-    std::error_code ec;
-    if (g->rank() == 0) fs::remove_all(dir, ec);
-  }
-}
-
-// no_shard with a bf16 param_dtype (the "unshard" is a local cast copy) and a no_shard unit inside
-// a full_shard tree train like the reference.
-TEST(Strategies, MixedTreesAndCastCopies) {
-  auto g = world();
-  for (int variant = 0; variant < 2; ++variant) {
-    SCOPED_TRACE(variant == 0 ? "no_shard fc1 in a full_shard tree" : "zero1 fc2 in a hybrid tree");
-    ParityRun run;
-    run.make_model = [] { return MLP(6, 10, 3).ptr(); };
-    run.shard = [=](const std::shared_ptr<torch::nn::Module>& m, fsdp::comm::ProcessGroupPtr grp) {
-      auto mlp = std::dynamic_pointer_cast<MLPImpl>(m);
-      const int n = grp->size();
-      if (variant == 0) {
-        fsdp::fully_shard(mlp->fc1.ptr(), grp, options_for(ShardingStrategy::kNoShard, n));
-        fsdp::fully_shard(mlp->fc2.ptr(), grp, options_for(ShardingStrategy::kFullShard, n));
-        fsdp::fully_shard(mlp, grp, options_for(ShardingStrategy::kFullShard, n));
-      } else {
-        fsdp::fully_shard(mlp->fc1.ptr(), grp, options_for(ShardingStrategy::kHybridShard, n));
-        fsdp::fully_shard(mlp->fc2.ptr(), grp, options_for(ShardingStrategy::kZero1, n));
-        fsdp::fully_shard(mlp, grp, options_for(ShardingStrategy::kNoShard, n));
-      }
-    };
-    run.forward = [](const std::shared_ptr<torch::nn::Module>& m, const at::Tensor& x) {
-      auto mlp = std::dynamic_pointer_cast<MLPImpl>(m);
-      return fsdp::call(mlp, x);
-    };
-    run.loss = [](const at::Tensor& out, const at::Tensor& y) { return F::mse_loss(out, y); };
-    run.batch = [](int step, int64_t rows) { return regression_batch(step, rows, 6, 3); };
-    run.make_optimizer = adamw(1e-2, 0.1);
-    run.clip_max_norm = 0.5;
-    run_parity(run, g);
-  }
-  // bf16 compute, fp32 master: losses close to the fp32 reference
-  torch::manual_seed(4);
-  auto model = MLP(6, 10, 3).ptr();
-  fsdp::FullyShardOptions o = options_for(ShardingStrategy::kNoShard);
-  o.mixed_precision.param_dtype = at::kBFloat16;
-  o.mixed_precision.output_dtype = at::kFloat;
-  fsdp::fully_shard(model->fc1.ptr(), g, o);
-  fsdp::fully_shard(model->fc2.ptr(), g, o);
-  fsdp::fully_shard(model, g, o);
-  torch::optim::SGD opt(fsdp::parameters(model), torch::optim::SGDOptions(0.1));
-  double first = 0, last = 0;
-  for (int step = 0; step < 20; ++step) {
-    auto [x, y] = regression_batch(0, 8, 6, 3);
-    at::Tensor loss = F::mse_loss(fsdp::call(model, x), y);
-    loss.backward();
-    for (auto& u : fsdp::units_of(model)) EXPECT_EQ(u->unsharded_param_bytes(), 0) << u->name();
-    opt.step();
-    opt.zero_grad();
-    (step == 0 ? first : last) = loss.item<double>();
-  }
-  EXPECT_LT(last, first) << "bf16 no_shard does not train";
-  for (const auto& p : fsdp::parameters(model)) EXPECT_EQ(p.scalar_type(), at::kFloat);
 }
 
 // Invalid combinations are rejected with an fsdp::Error on every rank, never a hang.
@@ -405,6 +296,59 @@ TEST(Strategies, InvalidCombinationsAreRejected) {
     } catch (const fsdp::Error& e) {
       EXPECT_NE(std::string(e.what()).find("another process group"), std::string::npos) << e.what();
     }
+  }
+  // Options of one strategy given to another would be ignored: rejected, naming the option.
+  auto expect_rejected = [&](fsdp::FullyShardOptions o, const char* option) {
+    auto lin = torch::nn::Linear(4, 4).ptr();
+    try {
+      fsdp::fully_shard(lin, g, o);
+      ADD_FAILURE() << option << " accepted by strategy " << fsdp::to_string(o.strategy);
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(e.kind(), fsdp::ErrorKind::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(option), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("[fsdp rank " + std::to_string(g->rank()) + "]"), std::string::npos)
+          << e.what();
+    }
+  };
+  for (auto s : implemented_strategies()) {
+    if (s != ShardingStrategy::kNoShard) {
+      auto o = options_for(s, N);
+      o.bucket_cap_bytes = 1 << 20;
+      expect_rejected(o, "bucket_cap_bytes");
+    }
+    if (s != ShardingStrategy::kHybridShard) {
+      auto o = options_for(s, N);
+      o.hybrid_shard_group_size = 1;
+      expect_rejected(o, "hybrid_shard_group_size");
+    }
+    auto o = options_for(s, N);
+    o.max_unsharded_units = 0;
+    expect_rejected(o, "max_unsharded_units");
+  }
+  {
+    // max_unsharded_units is a property of the tree, read from the root: another value on a
+    // non-root unit is an error at the first forward, not silently ignored.
+    auto mlp = MLP(4, 4, 4).ptr();
+    auto child = options_for(ShardingStrategy::kFullShard);
+    child.max_unsharded_units = 3;
+    fsdp::fully_shard(mlp->fc1.ptr(), g, child);
+    fsdp::fully_shard(mlp->fc2.ptr(), g);
+    fsdp::fully_shard(mlp, g);
+    try {
+      fsdp::call(mlp, at::randn({2, 4}));
+      ADD_FAILURE() << "a non-root max_unsharded_units that differs from the root's was accepted";
+    } catch (const fsdp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("max_unsharded_units"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("sets max_unsharded_units 3"), std::string::npos) << e.what();
+    }
+    // The same value as the root's (or unset) is fine.
+    auto ok = MLP(4, 4, 4).ptr();
+    auto same = options_for(ShardingStrategy::kFullShard);
+    same.max_unsharded_units = 2;
+    fsdp::fully_shard(ok->fc1.ptr(), g, same);
+    fsdp::fully_shard(ok->fc2.ptr(), g);
+    fsdp::fully_shard(ok, g);
+    EXPECT_NO_THROW(fsdp::call(ok, at::randn({2, 4})));
   }
   {
     // strategies that differ across ranks for the same unit: reported, no hang
