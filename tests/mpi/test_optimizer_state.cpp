@@ -1,18 +1,23 @@
-// Tier `mpi`: the optimizer-state adapter (fsdp/optim/optimizer_state.h) over sharded parameters.
-// Runs at any N.
+// Tier `mpi`: the optimizer-state adapter (fsdp/optim/optimizer_state.h) over sharded parameters,
+// and the kind and originating rank of checkpoint errors re-raised on every rank. Runs at any N.
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/rmsprop.h>
+
+#include <chrono>
+#include <filesystem>
 
 #include "../common/models.h"
 #include "../common/parity.h"
 #include "../common/scenario_util.h"
 #include "fsdp/accounting/memory.h"
+#include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/optim/optimizer_state.h"
 #include "mpi_world.h"
 
 using namespace fsdp_test;
 namespace F = torch::nn::functional;
+namespace fs = std::filesystem;
 namespace optim = fsdp::optim;
 using fsdp::ErrorKind;
 
@@ -56,6 +61,23 @@ std::optional<std::pair<ErrorKind, std::string>> error_of(const std::function<vo
 }
 
 bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+/// A fresh directory path shared by every rank of the world (rank 0 removes it at the end).
+struct SharedDir {
+  SharedDir() {
+    at::Tensor token = at::tensor(
+        {static_cast<int64_t>(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000007)},
+        at::kLong);
+    world()->broadcast(token, 0)->wait();
+    path = (fs::temp_directory_path() / ("fsdp-optstate-" + std::to_string(token.item<int64_t>()))).string();
+  }
+  ~SharedDir() {
+    world()->barrier()->wait();
+    std::error_code ec;
+    if (world()->rank() == 0) fs::remove_all(path, ec);
+  }
+  std::string path;
+};
 
 }  // namespace
 
@@ -200,7 +222,7 @@ TEST(OptimizerState, SetStateRejectsWrongTensors) {
 }
 
 // An optimizer type the adapter does not know is rejected by every entry point, naming the
-// supported ones.
+// supported ones; through save_sharded every rank gets kUnsupported.
 TEST(OptimizerState, UnknownOptimizerIsRejected) {
   auto m = sharded_mlp(15);
   torch::optim::RMSprop opt(fsdp::parameters(m), torch::optim::RMSpropOptions(1e-2));
@@ -224,4 +246,49 @@ TEST(OptimizerState, UnknownOptimizerIsRejected) {
       EXPECT_TRUE(contains(e->second, want)) << "want '" << want << "' in: " << e->second;
     }
   }
+  SharedDir dir;
+  auto e = error_of([&] { fsdp::checkpoint::save_sharded(dir.path, m, &opt, {}, world()); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->first, ErrorKind::kUnsupported);
+  EXPECT_TRUE(contains(e->second, "torch::optim::AdamW")) << e->second;
+}
+
+// [Note: error agreement]: an error raised on one rank reaches every rank with its kind, and every
+// rank's message names the rank where it happened.
+TEST(OptimizerState, CheckpointErrorsKeepKindAndOriginatingRank) {
+  auto g = world();
+  const int last = g->size() - 1;
+  SharedDir dir;
+  auto m = sharded_mlp(16);
+  auto opt = sgd(0.1, 0.9)(fsdp::parameters(m));
+  train_step(m, *opt, 0);
+  const std::string origin = "[fsdp rank " + std::to_string(last) + "]";
+
+  // A save whose last rank fails mid-file (a file-system error that knows no rank).
+  fsdp::checkpoint::SaveOptions bad;
+  bad.fault.stage = fsdp::checkpoint::FaultInjection::Stage::kWrite;
+  bad.fault.rank = last;
+  bad.fault.after_bytes = 4;
+  auto e = error_of([&] { fsdp::checkpoint::save_sharded(dir.path, m, opt.get(), {}, g, bad); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->first, ErrorKind::kIo);
+  EXPECT_TRUE(contains(e->second, origin + " save_sharded") && contains(e->second, "injected fault"))
+      << e->second;
+  if (g->rank() != last) EXPECT_TRUE(contains(e->second, "failed on rank " + std::to_string(last))) << e->second;
+  if (g->rank() == last) EXPECT_EQ(e->second.rfind(origin, 0), 0u) << e->second;
+
+  // A load whose last rank finds its own file truncated (corrupt data on disk).
+  const std::string name = fsdp::checkpoint::save_sharded(dir.path, m, opt.get(), {}, g);
+  char file[64];
+  std::snprintf(file, sizeof(file), "rank-%05d-of-%05d.bin", last, g->size());
+  const fs::path victim = fs::path(dir.path) / name / file;
+  if (g->rank() == 0) fs::resize_file(victim, fs::file_size(victim) - 5);
+  g->barrier()->wait();
+  auto fresh = sharded_mlp(17);
+  e = error_of([&] { fsdp::checkpoint::load_sharded(dir.path, fresh, nullptr, nullptr, g); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->first, ErrorKind::kCorruptData);
+  EXPECT_TRUE(contains(e->second, origin + " load_sharded") && contains(e->second, "truncated") &&
+              contains(e->second, file))
+      << e->second;
 }
