@@ -2,17 +2,18 @@
 //
 // [Note: error agreement] Every phase that can fail locally (I/O, validation) runs inside
 // Agreement::run: one all-reduce of "who failed", then, only on failure, an all-gather of the
-// failing rank's message. Every rank then throws fsdp::Error (the failing rank its own message,
-// the others "failed on rank R during <phase>: <R's message>"), so a local failure never leaves
-// the other ranks blocked in the next collective, and a load writes nothing unless every rank has
-// read and verified everything it needs.
+// failing ranks' errors (kind and message). Every rank then throws fsdp::Error: a failing rank its
+// own error, with its rank and the phase filled in where the thrower did not know them; the others
+// an error of the same kind saying "failed on rank R during <phase>: <R's message>", where R is the
+// highest failing rank. So a local failure never leaves the other ranks blocked in the next
+// collective, every rank's message names the rank where the failure happened, and a load writes
+// nothing unless every rank has read and verified everything it needs.
 #pragma once
 
-#include <ATen/ATen.h>
-
-#include <algorithm>
-#include <cstring>
 #include <exception>
+#include <filesystem>
+#include <new>
+#include <optional>
 #include <string>
 
 #include "fsdp/comm/process_group.h"
@@ -22,38 +23,44 @@ namespace fsdp::checkpoint {
 
 class Agreement {
  public:
+  /// op: what every error names, e.g. "load_sharded '<path>'". g must outlive the agreement.
   Agreement(comm::ProcessGroup& g, std::string op) : g_(g), op_(std::move(op)) {}
 
+  /// Runs fn on this rank, then agrees with every rank of g whether any failed (collective and
+  /// blocking: every rank calls run with the same phases in the same order). Returns when no rank
+  /// failed; otherwise throws fsdp::Error on every rank (see the note above). Exceptions other than
+  /// fsdp::Error become one: std::filesystem errors kIo, std::bad_alloc kOutOfMemory, the others
+  /// kInvalidArgument.
   template <typename Fn>
   void run(const char* phase, Fn&& fn) {
-    std::string msg;
+    std::optional<Error> mine;
     try {
       fn();
+    } catch (const Error& e) {
+      mine = placed(e, phase);
+    } catch (const std::filesystem::filesystem_error& e) {
+      mine = Error(ErrorKind::kIo, in_phase(phase), e.what());
+    } catch (const std::bad_alloc& e) {
+      mine = Error(ErrorKind::kOutOfMemory, in_phase(phase), e.what());
     } catch (const std::exception& e) {
-      msg = e.what();
-      if (msg.empty()) msg = "unknown error";
+      const std::string what = e.what();
+      mine = Error(ErrorKind::kInvalidArgument, in_phase(phase), what.empty() ? "unknown error" : what);
     } catch (...) {
-      msg = "unknown non-standard exception";
+      mine = Error(ErrorKind::kInvalidArgument, in_phase(phase), "unknown non-standard exception");
     }
-    if (!msg.empty() && msg.rfind("[fsdp", 0) != 0) {
-      msg = str_cat("[fsdp rank ", g_.rank(), "] ", op_, " (", phase, "): ", msg);
-    }
-    at::Tensor who = at::tensor({msg.empty() ? int64_t(-1) : int64_t(g_.rank())}, at::kLong);
-    g_.all_reduce(who, comm::ReduceOp::kMax)->wait();
-    const int64_t failed = who.item<int64_t>();
-    if (failed < 0) return;
-    constexpr int64_t kMsg = 1024;
-    at::Tensor mine = at::zeros({kMsg}, at::kByte);
-    std::memcpy(mine.data_ptr(), msg.data(), std::min<size_t>(msg.size(), kMsg - 1));
-    at::Tensor all = at::empty({g_.size() * kMsg}, at::kByte);
-    g_.all_gather_into_tensor(all, mine)->wait();
-    if (!msg.empty()) throw Error(msg);
-    std::string theirs(reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + failed * kMsg);
-    throw Error(str_cat("[fsdp rank ", g_.rank(), "] ", op_, " failed on rank ", failed, " during ",
-                        phase, ": ", theirs));
+    settle(phase, mine);
   }
 
+  /// {this rank, "", "<op> (<phase>)"}.
+  ErrorContext in_phase(const char* phase) const;
+
  private:
+  /// e with this rank and the phase, when its thrower did not know the rank (its own op, if any,
+  /// starts the message).
+  Error placed(const Error& e, const char* phase) const;
+  /// The collective part of run: returns when mine is empty on every rank, else throws.
+  void settle(const char* phase, const std::optional<Error>& mine);
+
   comm::ProcessGroup& g_;
   std::string op_;
 };

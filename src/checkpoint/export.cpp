@@ -46,7 +46,8 @@ std::string pickle_untagged(const c10::Dict<std::string, at::Tensor>& dict) {
 
 void export_full(const std::string& path, const std::shared_ptr<torch::nn::Module>& root,
                  const comm::ProcessGroupPtr& group) {
-  FSDP_CHECK(group, "[fsdp] export_full: null process group");
+  FSDP_CHECK(group, ErrorKind::kInvalidArgument, ErrorContext{-1, "", "export_full"},
+             "null process group");
   const int rank = group->rank();
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& sp : sharded_parameters(root)) {
@@ -65,9 +66,10 @@ void export_full(const std::string& path, const std::shared_ptr<torch::nn::Modul
 
 void import_full(const std::string& path, const std::shared_ptr<torch::nn::Module>& root,
                  const comm::ProcessGroupPtr& group) {
-  FSDP_CHECK(group, "[fsdp] import_full: null process group");
+  FSDP_CHECK(group, ErrorKind::kInvalidArgument, ErrorContext{-1, "", "import_full"},
+             "null process group");
   const int rank = group->rank();
-  const std::string who = str_cat("[fsdp rank ", rank, "] import_full '", path, "'");
+  const ErrorContext who{rank, "", "import_full '" + path + "'"};
   Agreement agree(*group, "import_full '" + path + "'");
   std::map<std::string, at::Tensor> params, buffers;
   agree.run("reading and validating", [&] {
@@ -76,23 +78,25 @@ void import_full(const std::string& path, const std::shared_ptr<torch::nn::Modul
     try {
       v = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
     } catch (const std::exception& e) {
-      throw Error(str_cat(who, ": not a readable torch.save / pickle_save file: ", e.what()));
+      throw Error(ErrorKind::kCorruptData, who,
+                  str_cat("not a readable torch.save / pickle_save file: ", e.what()));
     }
-    FSDP_CHECK(v.isGenericDict(), who, ": the file holds a ", v.tagKind(),
-               ", expected a dict of name -> tensor");
+    FSDP_CHECK(v.isGenericDict(), ErrorKind::kCorruptData, who,
+               expected_actual("file contents", "a dict of name -> tensor", v.tagKind()));
     std::map<std::string, at::Tensor> all;
     for (const auto& kv : v.toGenericDict()) {
-      FSDP_CHECK(kv.key().isString() && kv.value().isTensor(), who,
-                 ": every entry must be str -> Tensor (found ", kv.key().tagKind(), " -> ",
-                 kv.value().tagKind(), ")");
+      FSDP_CHECK(kv.key().isString() && kv.value().isTensor(), ErrorKind::kCorruptData, who,
+                 expected_actual("dict entry", "str -> Tensor",
+                                 str_cat(kv.key().tagKind(), " -> ", kv.value().tagKind())));
       all[kv.key().toStringRef()] = kv.value().toTensor();
     }
     for (const auto& sp : sharded_parameters(root)) {
       auto it = all.find(sp.name);
-      FSDP_CHECK(it != all.end(), who, ": parameter '", sp.name, "' is missing from the file");
+      FSDP_CHECK(it != all.end(), ErrorKind::kInvalidArgument, who, "parameter '", sp.name,
+                 "' is missing from the file");
       FSDP_CHECK(it->second.sizes().vec() == sp.param->shape &&
                      it->second.scalar_type() == sp.tensor.scalar_type(),
-                 who, ": tensor '", sp.name, "' is ", it->second.sizes(), " ",
+                 ErrorKind::kInvalidArgument, who, "tensor '", sp.name, "' is ", it->second.sizes(), " ",
                  it->second.scalar_type(), " in the file, the model has ",
                  shard::shape_to_string(sp.param->shape), " ", sp.tensor.scalar_type());
       params[sp.name] = it->second;
@@ -101,13 +105,15 @@ void import_full(const std::string& path, const std::shared_ptr<torch::nn::Modul
     for (const auto& kv : root->named_buffers(/*recurse=*/true)) {
       if (!kv.value().defined()) continue;
       auto it = all.find(kv.key());
-      FSDP_CHECK(it != all.end(), who, ": buffer '", kv.key(), "' is missing from the file");
-      FSDP_CHECK(it->second.sizes() == kv.value().sizes(), who, ": buffer '", kv.key(), "' is ",
-                 it->second.sizes(), " in the file, the model has ", kv.value().sizes());
+      FSDP_CHECK(it != all.end(), ErrorKind::kInvalidArgument, who, "buffer '", kv.key(),
+                 "' is missing from the file");
+      FSDP_CHECK(it->second.sizes() == kv.value().sizes(), ErrorKind::kInvalidArgument, who,
+                 "buffer '", kv.key(), "' is ", it->second.sizes(), " in the file, the model has ",
+                 kv.value().sizes());
       buffers[kv.key()] = it->second;
       all.erase(it);
     }
-    FSDP_CHECK(all.empty(), who, ": the file has ", all.size(),
+    FSDP_CHECK(all.empty(), ErrorKind::kInvalidArgument, who, "the file has ", all.size(),
                " tensors the model does not, e.g. '", all.empty() ? "" : all.begin()->first, "'");
   });
   agree.run("applying", [&] {

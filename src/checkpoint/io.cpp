@@ -37,6 +37,10 @@ const CrcTables& tables() {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// File primitives know no rank or operation: callers' agreements add them
+// ([Note: error agreement] in agreement.h).
+const ErrorContext kNoContext{};
+
 }  // namespace
 
 uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes) {
@@ -75,7 +79,7 @@ std::string hex64(uint64_t v) {
 FileWriter::FileWriter(std::string path, std::function<size_t(size_t)> budget)
     : path_(std::move(path)), budget_(std::move(budget)) {
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  FSDP_CHECK(fd_ >= 0, "cannot create '", path_, "': ", errno_text());
+  FSDP_CHECK(fd_ >= 0, ErrorKind::kIo, kNoContext, "cannot create '", path_, "': ", errno_text());
 }
 
 FileWriter::~FileWriter() {
@@ -83,19 +87,19 @@ FileWriter::~FileWriter() {
 }
 
 void FileWriter::write(const void* data, size_t bytes) {
-  FSDP_CHECK(fd_ >= 0, "write to closed file '", path_, "'");
+  FSDP_CHECK(fd_ >= 0, ErrorKind::kState, kNoContext, "write to closed file '", path_, "'");
   const size_t allowed = budget_ ? std::min(budget_(bytes), bytes) : bytes;
   const char* p = static_cast<const char*>(data);
   size_t left = allowed;
   while (left > 0) {
     ssize_t n = ::write(fd_, p, left);
     if (n < 0 && errno == EINTR) continue;
-    FSDP_CHECK(n > 0, "write to '", path_, "' failed after ", bytes_ + (allowed - left),
+    FSDP_CHECK(n > 0, ErrorKind::kIo, kNoContext, "write to '", path_, "' failed after ", bytes_ + (allowed - left),
                " bytes: ", errno_text());
     p += n;
     left -= static_cast<size_t>(n);
   }
-  FSDP_CHECK(allowed == bytes, "injected fault: simulated crash after writing ",
+  FSDP_CHECK(allowed == bytes, ErrorKind::kIo, kNoContext, "injected fault: simulated crash after writing ",
              bytes_ + static_cast<int64_t>(allowed), " bytes of '", path_, "'");
   crc_ = crc32_update(crc_, data, bytes);
   bytes_ += static_cast<int64_t>(bytes);
@@ -103,17 +107,17 @@ void FileWriter::write(const void* data, size_t bytes) {
 
 void FileWriter::close(bool durable) {
   if (fd_ < 0) return;
-  if (durable) FSDP_CHECK(::fsync(fd_) == 0, "fsync of '", path_, "' failed: ", errno_text());
+  if (durable) FSDP_CHECK(::fsync(fd_) == 0, ErrorKind::kIo, kNoContext, "fsync of '", path_, "' failed: ", errno_text());
   int rc = ::close(fd_);
   fd_ = -1;
-  FSDP_CHECK(rc == 0, "close of '", path_, "' failed: ", errno_text());
+  FSDP_CHECK(rc == 0, ErrorKind::kIo, kNoContext, "close of '", path_, "' failed: ", errno_text());
 }
 
 FileReader::FileReader(std::string path) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  FSDP_CHECK(fd_ >= 0, "cannot open '", path_, "': ", errno_text());
+  FSDP_CHECK(fd_ >= 0, ErrorKind::kIo, kNoContext, "cannot open '", path_, "': ", errno_text());
   struct stat st {};
-  FSDP_CHECK(::fstat(fd_, &st) == 0, "cannot stat '", path_, "': ", errno_text());
+  FSDP_CHECK(::fstat(fd_, &st) == 0, ErrorKind::kIo, kNoContext, "cannot stat '", path_, "': ", errno_text());
   size_ = static_cast<int64_t>(st.st_size);
 }
 
@@ -127,8 +131,8 @@ void FileReader::read_at(int64_t offset, void* out, size_t bytes) const {
   while (done < bytes) {
     ssize_t n = ::pread(fd_, p + done, bytes - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
-    FSDP_CHECK(n >= 0, "read of '", path_, "' at byte ", offset + done, " failed: ", errno_text());
-    FSDP_CHECK(n > 0, "file '", path_, "' is truncated: wanted bytes [", offset, ", ",
+    FSDP_CHECK(n >= 0, ErrorKind::kIo, kNoContext, "read of '", path_, "' at byte ", offset + done, " failed: ", errno_text());
+    FSDP_CHECK(n > 0, ErrorKind::kCorruptData, kNoContext, "file '", path_, "' is truncated: wanted bytes [", offset, ", ",
                offset + static_cast<int64_t>(bytes), "), the file has ", size_, " bytes");
     done += static_cast<size_t>(n);
   }
@@ -149,18 +153,18 @@ void write_file(const std::string& path, const std::string& contents, bool durab
 
 void fsync_dir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  FSDP_CHECK(fd >= 0, "cannot open directory '", dir, "': ", errno_text());
+  FSDP_CHECK(fd >= 0, ErrorKind::kIo, kNoContext, "cannot open directory '", dir, "': ", errno_text());
   int rc = ::fsync(fd);
   int err = errno;
   ::close(fd);
-  FSDP_CHECK(rc == 0 || err == EINVAL, "fsync of directory '", dir, "' failed: ",
+  FSDP_CHECK(rc == 0 || err == EINVAL, ErrorKind::kIo, kNoContext, "fsync of directory '", dir, "' failed: ",
              std::strerror(err));
 }
 
 void atomic_write_file(const std::string& path, const std::string& contents, bool durable) {
   const std::string tmp = path + ".tmp";
   write_file(tmp, contents, durable);
-  FSDP_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "rename '", tmp, "' -> '", path,
+  FSDP_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, ErrorKind::kIo, kNoContext, "rename '", tmp, "' -> '", path,
              "' failed: ", errno_text());
   if (durable) {
     auto slash = path.find_last_of('/');

@@ -1,6 +1,8 @@
 // File primitives of the checkpoint subsystem (internal): CRC-32, durable writes (write + fsync of
 // file and directory), positioned reads, atomic small-file replace. No tensors, no process group.
-// See docs/checkpoints.md.
+// See docs/checkpoints.md. Failures throw fsdp::Error of kind kIo (kCorruptData for a file shorter
+// than a read needs) naming the path and the errno text, without rank or operation: callers add
+// them ([Note: error agreement] in agreement.h).
 #pragma once
 
 #include <cstddef>
@@ -21,10 +23,10 @@ uint64_t fnv1a64(const std::string& s);
 /// "0x" + 16 lowercase hex digits.
 std::string hex64(uint64_t v);
 
-/// Appends bytes to a new file and keeps its running CRC-32 and size. Throws fsdp::Error (with the
-/// path and errno text) on any failure. `budget(bytes_about_to_be_written)`, when set, returns how
-/// many of them may be written: fewer writes that many and throws fsdp::Error("injected fault ...")
-/// (the test-only crash simulation of SaveOptions::fault).
+/// Appends bytes to a new file and keeps its running CRC-32 and size. Throws fsdp::Error (kIo) on
+/// any failure. `budget(bytes_about_to_be_written)`, when set, returns how many of them may be
+/// written: fewer writes that many and throws fsdp::Error (kIo, "injected fault ...": the test-only
+/// crash simulation of SaveOptions::fault).
 class FileWriter {
  public:
   FileWriter(std::string path, std::function<size_t(size_t)> budget = {});
@@ -50,13 +52,14 @@ class FileWriter {
 /// A read-only file opened for positioned reads.
 class FileReader {
  public:
-  explicit FileReader(std::string path);  // throws fsdp::Error if it cannot be opened
+  /// Throws fsdp::Error (kIo, "cannot open '<path>'") when the file cannot be opened.
+  explicit FileReader(std::string path);
   ~FileReader();
   FileReader(const FileReader&) = delete;
   FileReader& operator=(const FileReader&) = delete;
 
   int64_t size() const { return size_; }
-  /// Reads exactly `bytes` at `offset`; throws fsdp::Error on a short read.
+  /// Reads exactly `bytes` at `offset`; throws fsdp::Error (kCorruptData) past the end of the file.
   void read_at(int64_t offset, void* out, size_t bytes) const;
   const std::string& path() const { return path_; }
 
@@ -66,7 +69,7 @@ class FileReader {
   int64_t size_ = 0;
 };
 
-/// Whole file as a string; throws fsdp::Error if missing or unreadable.
+/// Whole file as a string; throws fsdp::Error (kIo) if missing or unreadable.
 std::string read_file(const std::string& path);
 
 /// Writes `contents` to path via path + ".tmp" and rename(2), fsyncing the file and its directory

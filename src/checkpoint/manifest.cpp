@@ -76,6 +76,21 @@ bool path_exists(const fs::path& p) {
   return fs::exists(p, ec);
 }
 
+// Functions that know no rank or operation throw with this context: the public entry points
+// below name themselves (in_op), save_sharded and load_sharded add theirs (agreement.h).
+const ErrorContext kNoContext{};
+
+// Runs fn; an fsdp::Error thrown without an operation gets `op` (kind and message kept).
+template <typename Fn>
+auto in_op(const char* op, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const Error& e) {
+    if (!e.where().op.empty() || e.where().rank >= 0) throw;
+    throw Error(e.kind(), ErrorContext{-1, e.where().unit, op}, e.message());
+  }
+}
+
 }  // namespace
 
 std::string manifest_to_json(const Manifest& m) {
@@ -121,11 +136,12 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
   Manifest m;
   try {
     json j = json::parse(text);
-    FSDP_CHECK(j.value("format", std::string()) == kFormat, "'", path,
+    FSDP_CHECK(j.value("format", std::string()) == kFormat, ErrorKind::kCorruptData, kNoContext, "'", path,
                "' is not an fsdp-cpp sharded checkpoint manifest (format '",
                j.value("format", std::string()), "', expected '", kFormat, "')");
-    FSDP_CHECK(j.at("version").get<int>() == kFormatVersion, "manifest '", path, "' has version ",
-               j.at("version").get<int>(), ", this build reads version ", kFormatVersion);
+    FSDP_CHECK(j.at("version").get<int>() == kFormatVersion, ErrorKind::kUnsupported, kNoContext,
+               "manifest '", path, "' has version ", j.at("version").get<int>(),
+               ", this build reads version ", kFormatVersion);
     m.name = j.at("name").get<std::string>();
     m.seq = j.at("seq").get<int64_t>();
     m.world_size = j.at("world_size").get<int>();
@@ -156,14 +172,15 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
     for (const auto& [k, v] : ts.at("doubles").items()) m.doubles[k] = double_from(v);
     m.extra_tensors = ts.at("tensors").get<std::vector<std::string>>();
   } catch (const json::exception& e) {
-    throw Error(str_cat("manifest '", path, "' is malformed: ", e.what()));
+    throw Error(ErrorKind::kCorruptData, kNoContext,
+                str_cat("manifest '", path, "' is malformed: ", e.what()));
   }
   return m;
 }
 
 Manifest read_manifest(const std::string& checkpoint_dir) {
   const std::string path = (fs::path(checkpoint_dir) / kManifestFile).string();
-  FSDP_CHECK(path_exists(path), "'", checkpoint_dir,
+  FSDP_CHECK(path_exists(path), ErrorKind::kCorruptData, kNoContext, "'", checkpoint_dir,
              "' is an incomplete checkpoint: it has no ", kManifestFile,
              " (the save that wrote it was interrupted before publishing)");
   return manifest_from_json(io::read_file(path), path);
@@ -184,12 +201,18 @@ std::string report_to_json(const RankReport& r) {
 
 RankReport report_from_json(const std::string& text) {
   RankReport r;
-  json j = json::parse(text);
-  r.file = file_from(j.at("file"));
-  for (const auto& e : j.at("shards")) {
-    std::string name = e.at("name").get<std::string>();
-    r.shards.emplace_back(name, shard_from(e));
-    r.dtypes[name] = e.at("dtype").get<std::string>();
+  try {
+    json j = json::parse(text);
+    r.file = file_from(j.at("file"));
+    for (const auto& e : j.at("shards")) {
+      std::string name = e.at("name").get<std::string>();
+      r.shards.emplace_back(name, shard_from(e));
+      r.dtypes[name] = e.at("dtype").get<std::string>();
+    }
+  } catch (const json::exception& e) {
+    throw Error(ErrorKind::kMismatch, kNoContext,
+                str_cat("a rank's report of its shard file is malformed (ranks running different "
+                        "builds?): ", e.what()));
   }
   return r;
 }
@@ -256,62 +279,69 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 }
 
 std::string resolve_checkpoint(const std::string& path) {
-  FSDP_CHECK(is_dir(path), "checkpoint path '", path, "' does not exist or is not a directory");
-  const fs::path p(path);
-  if (path_exists(p / kManifestFile)) {
-    read_manifest(path);  // throws if malformed
-    return path;
-  }
-  const std::string base = p.filename().string();
-  bool has_rank_files = false;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(p, ec)) {
-    has_rank_files = has_rank_files || e.path().filename().string().rfind("rank-", 0) == 0;
-  }
-  FSDP_CHECK(!has_rank_files && base.rfind(kTmpPrefix, 0) != 0, "'", path,
-             "' is an incomplete checkpoint: it has no ", kManifestFile,
-             " (the save that wrote it was interrupted before publishing)");
-  std::string latest_note = "no 'latest' file";
-  if (path_exists(p / kLatestFile)) {
-    std::string name = io::read_file((p / kLatestFile).string());
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    const fs::path cand = p / name;
-    if (!name.empty() && name.find('/') == std::string::npos && path_exists(cand / kManifestFile)) {
-      try {
-        read_manifest(cand.string());
-        return cand.string();
-      } catch (const Error&) {
-      }
+  return in_op("resolve_checkpoint", [&] {
+    FSDP_CHECK(is_dir(path), ErrorKind::kInvalidArgument, kNoContext, "checkpoint path '", path,
+               "' does not exist or is not a directory");
+    const fs::path p(path);
+    if (path_exists(p / kManifestFile)) {
+      read_manifest(path);  // throws if malformed
+      return path;
     }
-    latest_note = "'latest' names '" + name + "', which is not a complete checkpoint";
-  }
-  auto all = list_checkpoints(path);
-  FSDP_CHECK(!all.empty(), "no complete checkpoint in '", path, "' (", latest_note, ")");
-  return all.back();
+    const std::string base = p.filename().string();
+    bool has_rank_files = false;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(p, ec)) {
+      has_rank_files = has_rank_files || e.path().filename().string().rfind("rank-", 0) == 0;
+    }
+    FSDP_CHECK(!has_rank_files && base.rfind(kTmpPrefix, 0) != 0, ErrorKind::kCorruptData,
+               kNoContext, "'", path, "' is an incomplete checkpoint: it has no ", kManifestFile,
+               " (the save that wrote it was interrupted before publishing)");
+    std::string latest_note = "no 'latest' file";
+    if (path_exists(p / kLatestFile)) {
+      std::string name = io::read_file((p / kLatestFile).string());
+      while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+      const fs::path cand = p / name;
+      if (!name.empty() && name.find('/') == std::string::npos && path_exists(cand / kManifestFile)) {
+        try {
+          read_manifest(cand.string());
+          return cand.string();
+        } catch (const Error&) {
+        }
+      }
+      latest_note = "'latest' names '" + name + "', which is not a complete checkpoint";
+    }
+    auto all = list_checkpoints(path);
+    FSDP_CHECK(!all.empty(), ErrorKind::kInvalidArgument, kNoContext,
+               "no complete checkpoint in '", path, "' (", latest_note, ")");
+    return all.back();
+  });
 }
 
 void verify_checkpoint(const std::string& checkpoint_dir) {
-  Manifest m = read_manifest(checkpoint_dir);
-  for (const auto& f : m.files) {
-    const std::string path = (fs::path(checkpoint_dir) / f.path).string();
-    io::FileReader r(path);
-    FSDP_CHECK(r.size() == f.bytes, "checkpoint file '", path, "' (rank ", f.rank, ") has ",
-               r.size(), " bytes, the manifest says ", f.bytes,
-               r.size() < f.bytes ? " (truncated)" : "");
-    std::vector<char> buf(size_t(1) << 22);
-    uint32_t crc = 0;
-    for (int64_t off = 0; off < f.bytes;) {
-      size_t n = static_cast<size_t>(std::min<int64_t>(buf.size(), f.bytes - off));
-      r.read_at(off, buf.data(), n);
-      crc = io::crc32_update(crc, buf.data(), n);
-      off += static_cast<int64_t>(n);
+  in_op("verify_checkpoint", [&] {
+    Manifest m = read_manifest(checkpoint_dir);
+    for (const auto& f : m.files) {
+      const std::string path = (fs::path(checkpoint_dir) / f.path).string();
+      io::FileReader r(path);
+      FSDP_CHECK(r.size() == f.bytes, ErrorKind::kCorruptData, kNoContext, "checkpoint file '",
+                 path, "' (rank ", f.rank, ") has ", r.size(), " bytes, the manifest says ", f.bytes,
+                 r.size() < f.bytes ? " (truncated)" : "");
+      std::vector<char> buf(size_t(1) << 22);
+      uint32_t crc = 0;
+      for (int64_t off = 0; off < f.bytes;) {
+        size_t n = static_cast<size_t>(std::min<int64_t>(buf.size(), f.bytes - off));
+        r.read_at(off, buf.data(), n);
+        crc = io::crc32_update(crc, buf.data(), n);
+        off += static_cast<int64_t>(n);
+      }
+      char want[11], got[11];
+      std::snprintf(want, sizeof(want), "0x%08x", f.crc32);
+      std::snprintf(got, sizeof(got), "0x%08x", crc);
+      FSDP_CHECK(crc == f.crc32, ErrorKind::kCorruptData, kNoContext, "checkpoint file '", path,
+                 "' (rank ", f.rank, "): CRC-32 mismatch, manifest ", want, ", file ", got,
+                 " (corrupted)");
     }
-    char want[11], got[11];
-    std::snprintf(want, sizeof(want), "0x%08x", f.crc32);
-    std::snprintf(got, sizeof(got), "0x%08x", crc);
-    FSDP_CHECK(crc == f.crc32, "checkpoint file '", path, "' (rank ", f.rank,
-               "): CRC-32 mismatch, manifest ", want, ", file ", got, " (corrupted)");
-  }
+  });
 }
 
 }  // namespace fsdp::checkpoint

@@ -73,9 +73,11 @@ struct Manifest {
 };
 
 std::string manifest_to_json(const Manifest& m);
-/// Throws fsdp::Error naming `path` when text is not a manifest of this format and version.
+/// Throws fsdp::Error naming `path` when text is not a manifest of this format (kCorruptData:
+/// "is malformed", "is not an fsdp-cpp sharded checkpoint manifest") or version (kUnsupported).
 Manifest manifest_from_json(const std::string& text, const std::string& path);
-/// Reads and parses dir/manifest.json; throws fsdp::Error (missing: "incomplete checkpoint").
+/// Reads and parses dir/manifest.json; throws fsdp::Error (missing: kCorruptData, "incomplete
+/// checkpoint"; unreadable: kIo; as manifest_from_json).
 Manifest read_manifest(const std::string& checkpoint_dir);
 
 /// What one rank wrote: its file and its shards (name -> shard, dtype), exchanged as JSON.
@@ -85,6 +87,7 @@ struct RankReport {
   std::map<std::string, std::string> dtypes;
 };
 std::string report_to_json(const RankReport& r);
+/// Throws fsdp::Error (kMismatch) when text is not a report of this build.
 RankReport report_from_json(const std::string& text);
 
 /// "rank-00003-of-00004.bin"

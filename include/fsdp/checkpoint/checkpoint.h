@@ -86,9 +86,10 @@ struct LoadOptions {
 /// Collective and blocking over `group`: all ranks call it with the same arguments, after the
 /// optimizer step (no backward in flight). The root's units must be sharded over `group` (or over
 /// a group of one rank: replicated). Errors (I/O, unsupported optimizer, a unit over another group)
-/// throw fsdp::Error on every rank of the group, naming the failing rank and file; the previous
-/// checkpoint stays valid. optimizer may be null (model and extra only).
-/// Supported optimizers: torch::optim::AdamW, Adam, SGD; others throw fsdp::Error.
+/// throw fsdp::Error on every rank of the group, of the failing rank's kind (kIo, kUnsupported,
+/// kInvalidArgument), naming the failing rank and file; the previous checkpoint stays valid.
+/// optimizer may be null (model and extra only). Supported optimizers: those of
+/// fsdp/optim/optimizer_state.h (torch::optim::AdamW, Adam, SGD); others throw kUnsupported.
 std::string save_sharded(const std::string& dir, const std::shared_ptr<torch::nn::Module>& root,
                          torch::optim::Optimizer* optimizer, const TrainState& extra,
                          const comm::ProcessGroupPtr& group, const SaveOptions& options = {});
@@ -103,8 +104,10 @@ std::string save_sharded(const std::string& dir, const std::shared_ptr<torch::nn
 /// current world size. Everything is read into staging tensors and validated first on every rank
 /// (manifest present, model fingerprint, names, shapes, dtypes, file sizes, CRC-32 of every chunk
 /// used, optimizer type); the model, optimizer and extra are written only if every rank succeeded.
-/// Otherwise fsdp::Error is thrown on every rank, naming the rank, file, tensor, expected vs actual
-/// (the model is untouched). Peak extra memory: this rank's shard of the model and optimizer state.
+/// Otherwise fsdp::Error is thrown on every rank, of the failing rank's kind (kCorruptData for bad
+/// files, kIo, kInvalidArgument for a model or optimizer that does not match, kMismatch for ranks
+/// resolving different checkpoints), naming the rank, file, tensor, expected vs actual (the model
+/// is untouched). Peak extra memory: this rank's shard of the model and optimizer state.
 /// Collective and blocking over `group`.
 std::string load_sharded(const std::string& path, const std::shared_ptr<torch::nn::Module>& root,
                          torch::optim::Optimizer* optimizer, TrainState* extra,
