@@ -66,8 +66,10 @@
 #define FSDP_TRAIN_HAS_GRAD_SCALER 0
 #endif
 
-namespace fsdp::train {
+namespace apps::train {
 namespace {
+
+using namespace fsdp;  // the library's names, unqualified as before the apps left its namespace
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -781,18 +783,18 @@ int run(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace fsdp::train
+}  // namespace apps::train
 
 int main(int argc, char** argv) {
   int rank = 0, size = 1;
   try {
-    return fsdp::train::run(argc, argv);
-  } catch (const fsdp::train::UsageError& e) {
+    return apps::train::run(argc, argv);
+  } catch (const apps::train::UsageError& e) {
     // Every rank reaches the same verdict: rank 0 reports it, all exit cleanly.
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;
     return 2;
-  } catch (const fsdp::train::CheckpointError& e) {
+  } catch (const apps::train::CheckpointError& e) {
     // Checkpoint calls fail collectively (same error on every rank): rank 0 reports, all exit.
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;

@@ -4,7 +4,7 @@
 #include <iostream>
 #include <stdexcept>
 
-namespace fsdp::train {
+namespace apps::train {
 
 double lr_at(int64_t step, int64_t total, int64_t warmup, double lr, double min_lr) {
   if (warmup > 0 && step <= warmup) return lr * static_cast<double>(step) / warmup;
@@ -106,4 +106,4 @@ void TraceRecorder::write_merged(const std::string& path, const std::vector<std:
   out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
 }
 
-}  // namespace fsdp::train
+}  // namespace apps::train

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace fsdp::train {
+namespace apps::train {
 
 /// Learning rate of optimizer step `step` (1-based): linear warmup lr*step/warmup over the first
 /// `warmup` steps, then cosine decay from lr to min_lr at step `total`.
@@ -93,4 +93,4 @@ class TraceScope {
   double begin_;
 };
 
-}  // namespace fsdp::train
+}  // namespace apps::train

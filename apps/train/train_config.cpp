@@ -7,7 +7,7 @@
 #include <sstream>
 #include <vector>
 
-namespace fsdp::train {
+namespace apps::train {
 
 namespace {
 
@@ -248,4 +248,4 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   return c;
 }
 
-}  // namespace fsdp::train
+}  // namespace apps::train

@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-namespace fsdp::train {
+namespace apps::train {
 
 /// Resolved settings of one fsdp-train run. Defaults here are the flag defaults.
 struct TrainConfig {
@@ -69,4 +69,4 @@ struct TrainConfig {
 /// known choices); the rest (divisibility by the world size, strategy support) is checked later.
 std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, int* exit_code);
 
-}  // namespace fsdp::train
+}  // namespace apps::train
