@@ -2,10 +2,8 @@
 #include "train/reporting.h"
 
 #include <ATen/ops/tensor.h>
-#include <ATen/ops/zeros.h>
 
 #include <cmath>
-#include <cstring>
 #include <iostream>
 #include <stdexcept>
 #include <utility>
@@ -301,23 +299,8 @@ void CollectiveTrace::flush() {
 
 void write_trace(const TraceRecorder& trace, const std::string& path,
                  fsdp::comm::ProcessGroup& group) {
-  std::string mine = trace.serialize();
-  const int n = group.size();
-  at::Tensor len = at::tensor(std::vector<int64_t>{static_cast<int64_t>(mine.size())}, at::kLong);
-  at::Tensor lens = at::zeros({n}, at::kLong);
-  group.all_gather_into_tensor(lens, len)->wait();
-  int64_t max_len = lens.max().item<int64_t>();
-  at::Tensor buf = at::zeros({max_len}, at::kByte);
-  std::memcpy(buf.data_ptr(), mine.data(), mine.size());
-  at::Tensor all = at::zeros({n * max_len}, at::kByte);
-  group.all_gather_into_tensor(all, buf)->wait();
-  if (group.rank() != 0) return;
-  std::vector<std::string> per_rank;
-  const char* base = static_cast<const char*>(all.data_ptr());
-  for (int r = 0; r < n; ++r) {
-    per_rank.emplace_back(base + r * max_len, static_cast<size_t>(lens[r].item<int64_t>()));
-  }
-  TraceRecorder::write_merged(path, per_rank);
+  std::vector<std::string> per_rank = fsdp::comm::all_gather_strings(group, trace.serialize());
+  if (group.rank() == 0) TraceRecorder::write_merged(path, per_rank);
 }
 
 }  // namespace apps::train

@@ -239,9 +239,8 @@ class CollectiveTrace {
   double origin_s_;
 };
 
-/// Gathers every rank's trace (TraceRecorder::serialize: an all-gather of the lengths, then one of
-/// the bytes padded to the longest) and writes them to path on rank 0
-/// (TraceRecorder::write_merged). Collective and blocking over group.
+/// Gathers every rank's trace (fsdp::comm::all_gather_strings of TraceRecorder::serialize) and
+/// writes them to path on rank 0 (TraceRecorder::write_merged). Collective and blocking over group.
 /// Throws std::runtime_error on rank 0 when path cannot be written.
 void write_trace(const TraceRecorder& trace, const std::string& path,
                  fsdp::comm::ProcessGroup& group);
