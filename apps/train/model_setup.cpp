@@ -1,8 +1,10 @@
 // fsdp-train's set-up pieces (model_setup.h).
 #include "train/model_setup.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/tensor.h>
 
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -79,15 +81,29 @@ void check_identical_init(models::GPT& model, fsdp::comm::ProcessGroup& group) {
     sum += p.sum().item<double>();
     abs_sum += p.abs().sum().item<double>();
   }
-  at::Tensor mx = at::tensor(std::vector<double>{sum, abs_sum}, at::kDouble);
-  at::Tensor mn = mx.clone();
-  group.all_reduce(mx, fsdp::comm::ReduceOp::kMax)->wait();
-  group.all_reduce(mn, fsdp::comm::ReduceOp::kMin)->wait();
-  if (!mx.equal(mn)) {
-    throw std::runtime_error("initial parameters differ across ranks (checksums " +
-                             std::to_string(mn[0].item<double>()) + " vs " +
-                             std::to_string(mx[0].item<double>()) + ")");
+  const int n = group.size();
+  at::Tensor mine = at::tensor(std::vector<double>{sum, abs_sum}, at::kDouble);  // (2,)
+  at::Tensor all = at::empty({n, 2}, at::kDouble);  // (N, 2): rank r's (sum, abs_sum)
+  group.all_gather_into_tensor(all, mine)->wait();
+  const double* cs = all.data_ptr<double>();
+  std::vector<int> differ;
+  for (int r = 1; r < n; ++r) {
+    if (cs[2 * r] != cs[0] || cs[2 * r + 1] != cs[1]) differ.push_back(r);
   }
+  if (differ.empty()) return;
+  auto checksums = [&](int r) {
+    char buf[96];  // every digit: checksums may differ in the last bit
+    std::snprintf(buf, sizeof(buf), "(%.17g, %.17g)", cs[2 * r], cs[2 * r + 1]);
+    return std::string(buf);
+  };
+  std::string ranks;
+  for (int r : differ) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  throw std::runtime_error(
+      "initial parameters differ across ranks (same --seed and build on every rank?): " +
+      fsdp::expected_actual("rank " + std::to_string(differ.front()) +
+                                "'s parameter checksums (sum, sum of |p|)",
+                            checksums(0) + " as on rank 0", checksums(differ.front())) +
+      "; ranks that differ from rank 0: " + ranks);
 }
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(const models::GPT& model,

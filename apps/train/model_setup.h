@@ -40,9 +40,10 @@ fsdp::FullyShardOptions resolve_fsdp_options(const TrainConfig& c);
 fsdp::FullyShardOptions root_options_of(const fsdp::FullyShardOptions& blocks);
 
 /// Fails unless every rank built bitwise-identical initial parameters (same seed, same build):
-/// the checksums (sum and sum of |p| over all parameters) must have the same MIN and MAX over
-/// ranks. Call before sharding. Collective and blocking over group (two all-reduces). Throws
-/// std::runtime_error on every rank with the smallest and largest sum.
+/// each rank's checksums (sum and sum of |p| over all parameters) are all-gathered and compared
+/// with rank 0's. Call before sharding. Collective and blocking over group (one all-gather).
+/// Throws std::runtime_error on every rank, naming the first rank that differs with rank 0's
+/// checksums (expected) and its own (actual), and every rank that differs.
 void check_identical_init(models::GPT& model, fsdp::comm::ProcessGroup& group);
 
 /// AdamW (--lr, --beta1, --beta2, eps 1e-8) over this rank's shards of the sharded model, in two
