@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace fsdp::data {
+namespace apps::data {
 
 namespace {
 // SplitMix64: a tiny, portable, well-mixed generator (Steele et al. 2014).
@@ -118,4 +118,4 @@ at::Tensor DistributedBatchSampler::eval_batch(int64_t index) const {
   return gather_rows(offsets);
 }
 
-}  // namespace fsdp::data
+}  // namespace apps::data

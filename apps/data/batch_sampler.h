@@ -9,7 +9,7 @@
 
 #include "data/token_dataset.h"
 
-namespace fsdp::data {
+namespace apps::data {
 
 /// Splits a TokenDataset into windows of seq_len + 1 tokens (input + shifted target) and serves
 /// global batches of global_batch_size windows, rank r getting rows [r*G/N, (r+1)*G/N).
@@ -64,4 +64,4 @@ class DistributedBatchSampler {
   std::vector<int64_t> cached_perm_;  // (W,) window order of cached_epoch_
 };
 
-}  // namespace fsdp::data
+}  // namespace apps::data

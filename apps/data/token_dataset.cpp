@@ -9,7 +9,7 @@
 #include <iterator>
 #include <stdexcept>
 
-namespace fsdp::data {
+namespace apps::data {
 
 namespace {
 constexpr char kMagic[8] = {'F', 'S', 'D', 'P', 'T', 'O', 'K', '1'};
@@ -129,4 +129,4 @@ TokenDataset TokenDataset::slice(int64_t begin, int64_t end) const {
   return TokenDataset(std::vector<int32_t>(tokens_.begin() + begin, tokens_.begin() + end));
 }
 
-}  // namespace fsdp::data
+}  // namespace apps::data

@@ -7,7 +7,7 @@
 
 #include "data/tokenizer.h"
 
-namespace fsdp::data {
+namespace apps::data {
 
 /// A read-only sequence of token ids in memory (int32, each in [0, vocab)).
 class TokenDataset {
@@ -36,4 +36,4 @@ class TokenDataset {
   std::vector<int32_t> tokens_;
 };
 
-}  // namespace fsdp::data
+}  // namespace apps::data

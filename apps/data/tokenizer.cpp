@@ -6,7 +6,7 @@
 #include <iterator>
 #include <stdexcept>
 
-namespace fsdp::data {
+namespace apps::data {
 
 namespace {
 uint64_t fnv1a(const std::string& bytes) {
@@ -92,4 +92,4 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
-}  // namespace fsdp::data
+}  // namespace apps::data

@@ -10,7 +10,7 @@ namespace sentencepiece {
 class SentencePieceProcessor;
 }
 
-namespace fsdp::data {
+namespace apps::data {
 
 /// Wraps a SentencePiece processor. SentencePiece drops newlines (it encodes one sentence at a
 /// time), so encode() splits the text at '\n', encodes each line, and joins the lines with the id
@@ -48,4 +48,4 @@ class Tokenizer {
   int32_t newline_id_ = -1;
 };
 
-}  // namespace fsdp::data
+}  // namespace apps::data

@@ -23,7 +23,7 @@
 
 #include "fsdp/runtime/fully_shard.h"
 
-namespace fsdp::models {
+namespace apps::models {
 
 int64_t GPTConfig::num_params() const {
   const int64_t C = n_embd;
@@ -213,4 +213,4 @@ at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets) {
   return at::cross_entropy_loss(logits.reshape({-1, V}), targets.reshape({-1}));
 }
 
-}  // namespace fsdp::models
+}  // namespace apps::models

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace fsdp::models {
+namespace apps::models {
 
 /// Shape of a GPT. Every field can be overridden after taking a preset.
 struct GPTConfig {
@@ -115,4 +115,4 @@ TORCH_MODULE(GPT);
 /// Mean cross entropy over all B*T positions: logits (B, T, V) float, targets int64 (B, T).
 at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets);
 
-}  // namespace fsdp::models
+}  // namespace apps::models

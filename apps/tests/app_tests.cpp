@@ -27,8 +27,8 @@
 
 namespace {
 
-using fsdp::data::DistributedBatchSampler;
-using fsdp::data::TokenDataset;
+using apps::data::DistributedBatchSampler;
+using apps::data::TokenDataset;
 
 std::shared_ptr<const TokenDataset> counting_dataset(int64_t n) {
   std::vector<int32_t> t(n);
@@ -123,7 +123,7 @@ class TokenizerTest : public ::testing::Test {
 std::string TokenizerTest::dir_;
 
 TEST_F(TokenizerTest, RoundTripKeepsNewlines) {
-  fsdp::data::Tokenizer tok(dir_ + "/spm.model");
+  apps::data::Tokenizer tok(dir_ + "/spm.model");
   EXPECT_EQ(tok.vocab_size(), 120);
   EXPECT_GE(tok.newline_id(), 0);
   EXPECT_GE(tok.eos_id(), 0);
@@ -134,7 +134,7 @@ TEST_F(TokenizerTest, RoundTripKeepsNewlines) {
 }
 
 TEST_F(TokenizerTest, DatasetCacheIsReused) {
-  fsdp::data::Tokenizer tok(dir_ + "/spm.model");
+  apps::data::Tokenizer tok(dir_ + "/spm.model");
   bool built = false;
   auto first = TokenDataset::load_or_build(dir_ + "/text.txt", tok, &built);
   EXPECT_TRUE(built);
@@ -144,8 +144,8 @@ TEST_F(TokenizerTest, DatasetCacheIsReused) {
   EXPECT_GT(first.size(), 100);
 }
 
-fsdp::models::GPTConfig tiny_config() {
-  fsdp::models::GPTConfig c = fsdp::models::gpt_preset("nano", 512);
+apps::models::GPTConfig tiny_config() {
+  apps::models::GPTConfig c = apps::models::gpt_preset("nano", 512);
   c.n_layer = 2;
   c.n_embd = 64;
   c.block_size = 32;
@@ -154,7 +154,7 @@ fsdp::models::GPTConfig tiny_config() {
 
 TEST(GPT, ForwardShapeAndTiedHead) {
   torch::manual_seed(0);
-  fsdp::models::GPT model(tiny_config());
+  apps::models::GPT model(tiny_config());
   at::Tensor idx = at::randint(0, 512, {3, 20}, at::kLong);
   at::Tensor logits = model->forward(idx);
   EXPECT_EQ(logits.sizes(), (at::IntArrayRef{3, 20, 512}));
@@ -168,25 +168,25 @@ TEST(GPT, ForwardShapeAndTiedHead) {
   // The head's gradient lands on wte: a token never used as input still gets a gradient.
   at::Tensor inputs = at::zeros({1, 4}, at::kLong);
   at::Tensor targets = at::ones({1, 4}, at::kLong);
-  fsdp::models::gpt_loss(model->forward(inputs), targets).backward();
+  apps::models::gpt_loss(model->forward(inputs), targets).backward();
   EXPECT_GT(model->wte->weight.grad()[1].abs().sum().item<double>(), 0.0);
 }
 
 TEST(GPT, LossAtInitIsNearLogVocab) {
   torch::manual_seed(1);
   auto cfg = tiny_config();
-  fsdp::models::GPT model(cfg);
+  apps::models::GPT model(cfg);
   at::Tensor idx = at::randint(0, cfg.vocab_size, {4, 32}, at::kLong);
   at::Tensor tgt = at::randint(0, cfg.vocab_size, {4, 32}, at::kLong);
-  double loss = fsdp::models::gpt_loss(model->forward(idx), tgt).item<double>();
+  double loss = apps::models::gpt_loss(model->forward(idx), tgt).item<double>();
   EXPECT_NEAR(loss, std::log(static_cast<double>(cfg.vocab_size)), 0.3);
 }
 
 TEST(GPT, PresetsAndGenerate) {
-  EXPECT_EQ(fsdp::models::gpt_preset("gpt2", 50257).num_params(), 124439808);
-  EXPECT_THROW(fsdp::models::gpt_preset("gpt5", 100), std::invalid_argument);
+  EXPECT_EQ(apps::models::gpt_preset("gpt2", 50257).num_params(), 124439808);
+  EXPECT_THROW(apps::models::gpt_preset("gpt5", 100), std::invalid_argument);
   torch::manual_seed(2);
-  fsdp::models::GPT model(tiny_config());
+  apps::models::GPT model(tiny_config());
   auto a = model->generate({1, 2, 3}, 40, 1.0, 10, 99);  // 43 > block_size: context is cropped
   auto b = model->generate({1, 2, 3}, 40, 1.0, 10, 99);
   EXPECT_EQ(a.size(), 40u);
@@ -197,8 +197,8 @@ TEST(GPT, PresetsAndGenerate) {
 TEST(GPT, ShardedForwardAndGenerateMatchUnsharded) {
   auto cfg = tiny_config();
   torch::manual_seed(5);
-  fsdp::models::GPT reference(cfg);
-  std::vector<fsdp::models::GPT> models;
+  apps::models::GPT reference(cfg);
+  std::vector<apps::models::GPT> models;
   for (int r = 0; r < 2; ++r) {
     torch::manual_seed(5);
     models.emplace_back(cfg);
@@ -215,7 +215,7 @@ TEST(GPT, ShardedForwardAndGenerateMatchUnsharded) {
     threads.emplace_back([&, r] {
       try {
         fsdp::fully_shard_tree(models[r].ptr(), groups[r],
-                               fsdp::wrap_by_type<fsdp::models::BlockImpl>());
+                               fsdp::wrap_by_type<apps::models::BlockImpl>());
         {
           at::NoGradGuard no_grad;
           logits[r] = fsdp::call(models[r], idx);

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
-namespace fsdp::train {
+namespace apps::train {
 namespace {
 
 namespace prof = torch::autograd::profiler;
@@ -93,4 +93,4 @@ std::string format_op_table(const std::vector<OpTotals>& ops, double window_s, s
   return out;
 }
 
-}  // namespace fsdp::train
+}  // namespace apps::train

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace fsdp::train {
+namespace apps::train {
 
 /// One operator name's totals over the profiled window (one rank, the calling thread and any
 /// other thread libtorch recorded). Times in seconds; self time excludes nested operators.
@@ -35,4 +35,4 @@ class OpProfiler {
 /// The top `rows` operators as a fixed-width text table, with each one's share of `window_s`.
 std::string format_op_table(const std::vector<OpTotals>& ops, double window_s, size_t rows);
 
-}  // namespace fsdp::train
+}  // namespace apps::train

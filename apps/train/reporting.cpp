@@ -1,10 +1,20 @@
+// fsdp-train's reporting (reporting.h): schedule, console, metrics events, trace.
 #include "train/reporting.h"
+
+#include <ATen/ops/tensor.h>
 
 #include <cmath>
 #include <iostream>
 #include <stdexcept>
+#include <utility>
 
-namespace fsdp::train {
+namespace apps::train {
+
+using nlohmann::json;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 double lr_at(int64_t step, int64_t total, int64_t warmup, double lr, double min_lr) {
   if (warmup > 0 && step <= warmup) return lr * static_cast<double>(step) / warmup;
@@ -106,4 +116,191 @@ void TraceRecorder::write_merged(const std::string& path, const std::vector<std:
   out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
 }
 
-}  // namespace fsdp::train
+json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& cpu) {
+  json e = {
+      {"event", "config"},
+      {"model", c.model},
+      {"n_layer", f.n_layer}, {"n_head", f.n_head}, {"n_embd", f.n_embd},
+      {"block_size", f.block_size}, {"vocab_size", f.vocab_size}, {"attention", f.attention},
+      {"data", f.train_path}, {"val_data", f.val_path.empty() ? "last 5% of data" : f.val_path},
+      {"data_dir", c.data_dir}, {"tokenizer", f.tokenizer_path},
+      {"train_tokens", f.train_tokens}, {"val_tokens", f.val_tokens},
+      {"strategy", f.strategy}, {"mixed_precision", c.mixed_precision},
+      {"threads", c.threads},
+      {"global_batch_size", c.global_batch_size}, {"micro_batch_size", f.micro_batch_size},
+      {"accumulation_steps", f.accumulation_steps}, {"seq_len", c.seq_len},
+      {"tokens_per_step", c.global_batch_size * c.seq_len},
+      {"steps", c.steps}, {"lr", c.lr}, {"min_lr", c.min_lr}, {"warmup_steps", c.warmup_steps},
+      {"weight_decay", c.weight_decay}, {"beta1", c.beta1}, {"beta2", c.beta2},
+      {"grad_clip", c.grad_clip}, {"seed", c.seed},
+      {"eval_every", c.eval_every}, {"eval_batches", c.eval_batches},
+      {"sample_tokens", c.sample_tokens}, {"sample_prompt", c.sample_prompt},
+      {"sample_temperature", c.sample_temperature}, {"sample_top_k", c.sample_top_k},
+      {"progress", c.progress}, {"metrics", c.metrics}, {"trace", c.trace},
+      {"config_file", c.config_file}, {"backend", f.backend},
+      {"forward_prefetch", f.forward_prefetch},
+      {"hybrid_shard_group_size", f.hybrid_shard_group_size},
+      {"bucket_cap_bytes", f.bucket_cap_bytes},
+      {"root_output_dtype", f.root_output_fp32 ? "fp32" : "unchanged"},
+      {"save", c.save}, {"save_every", c.save_every}, {"keep", c.keep},
+      {"resume", c.resume}, {"resumed_from", f.resumed_from}, {"start_step", f.start_step},
+      {"load_s", f.load_s}, {"export", c.export_path}, {"import", c.import_path},
+      {"import_s", f.import_s},
+      {"world_size", f.world_size}, {"num_params", f.num_params},
+      {"heap_retained", f.heap_retained}};
+  e["cpu"] = {{"model", cpu.model},
+              {"capability", cpu.capability},
+              {"avx512_bf16", cpu.avx512_bf16}, {"amx_bf16", cpu.amx_bf16},
+              {"avx512_fp16", cpu.avx512_fp16}, {"amx_fp16", cpu.amx_fp16},
+              {"bf16_accelerated", cpu.bf16_accelerated()},
+              {"fp16_accelerated", cpu.fp16_accelerated()}};
+  return e;
+}
+
+void print_start(Console& console, const TrainConfig& c, const RunFacts& f,
+                 const fsdp::CpuInfo& cpu) {
+  if ((c.mixed_precision == "bf16" && !cpu.bf16_accelerated()) ||
+      (c.mixed_precision == "fp16" && !cpu.fp16_accelerated())) {
+    console.line("warning: --mixed-precision " + c.mixed_precision + " on a CPU without " +
+                 c.mixed_precision +
+                 " matmul units: its matmuls run without them and will be slower than fp32 "
+                 "(memory and communication still halve)");
+  }
+  if (!f.resumed_from.empty()) {
+    console.line("resumed from " + f.resumed_from + " at step " + std::to_string(f.start_step) +
+                 " (" + std::to_string(f.load_s).substr(0, 5) + " s)");
+  }
+  if (!c.import_path.empty()) {
+    console.line("imported weights from " + c.import_path + " (" +
+                 std::to_string(f.import_s).substr(0, 5) + " s)");
+  }
+  console.line("fsdp-train: " + c.model + " (" + human_count(static_cast<double>(f.num_params)) +
+               " params, " + std::to_string(f.n_layer) + " FSDP block units + root) on " +
+               std::to_string(f.world_size) + " rank(s), " + f.strategy + ", " +
+               c.mixed_precision + "; " + human_count(static_cast<double>(f.train_tokens)) +
+               " train / " + human_count(static_cast<double>(f.val_tokens)) +
+               " val tokens; batch " + std::to_string(c.global_batch_size) + " x " +
+               std::to_string(c.seq_len) + " tokens, " + std::to_string(f.accumulation_steps) +
+               " micro-batch(es) of " + std::to_string(f.micro_batch_size) + " per rank; cpu: " +
+               cpu.summary());
+}
+
+json comm_delta(const fsdp::comm::CommStats::Snapshot& before,
+                const fsdp::comm::CommStats::Snapshot& after) {
+  using K = fsdp::comm::CollectiveKind;
+  json j;
+  for (auto [k, name] : {std::pair{K::kAllGather, "all_gather"},
+                         std::pair{K::kReduceScatter, "reduce_scatter"},
+                         std::pair{K::kAllReduce, "all_reduce"},
+                         std::pair{K::kBroadcast, "broadcast"},
+                         std::pair{K::kBarrier, "barrier"}}) {
+    const auto& a = after[static_cast<int>(k)];
+    const auto& b = before[static_cast<int>(k)];
+    j[std::string(name) + "_bytes"] = a.bytes - b.bytes;
+    j[std::string(name) + "_calls"] = a.calls - b.calls;
+    j[std::string(name) + "_busy_s"] = a.busy_s - b.busy_s;
+  }
+  return j;
+}
+
+StepTotals reduce_step_report(double local_loss, const StepMemory& local,
+                              fsdp::comm::ProcessGroup& group) {
+  at::Tensor loss_t = at::tensor(std::vector<double>{local_loss}, at::kDouble);
+  group.all_reduce(loss_t, fsdp::comm::ReduceOp::kAvg)->wait();
+  at::Tensor mem_t =
+      at::tensor(std::vector<int64_t>{local.param_shard_bytes, local.grad_shard_bytes,
+                                      local.optim_state_bytes, local.peak_bytes,
+                                      local.unsharded_param_bytes, local.resident_bytes},
+                 at::kLong);
+  group.all_reduce(mem_t, fsdp::comm::ReduceOp::kMax)->wait();
+  const int64_t* m = mem_t.data_ptr<int64_t>();
+  StepTotals t;
+  t.loss = loss_t.item<double>();
+  t.mem = {m[0], m[1], m[2], m[4], m[5], m[3]};
+  return t;
+}
+
+json step_event(const StepRecord& r) {
+  const StepMemory& m = r.totals.mem;
+  json e = {{"event", "step"},
+            {"step", r.step},
+            {"loss", r.totals.loss},
+            {"lr", r.lr},
+            {"grad_norm", r.grad_norm},
+            {"tokens", r.tokens},
+            {"step_time_s", r.step_time_s},
+            {"tokens_per_s", static_cast<double>(r.tokens) / r.step_time_s},
+            {"mem",
+             {{"param_shard_bytes", m.param_shard_bytes},
+              {"grad_shard_bytes", m.grad_shard_bytes},
+              {"optim_state_bytes", m.optim_state_bytes},
+              {"unsharded_param_bytes", m.unsharded_param_bytes},
+              {"resident_bytes", m.resident_bytes},
+              {"peak_bytes", m.peak_bytes}}},
+            {"comm", r.comm}};
+  if (r.loss_scaling) {
+    e["loss_scale"] = r.loss_scale;
+    e["optimizer_stepped"] = r.optimizer_stepped;
+  }
+  return e;
+}
+
+std::string step_line(const StepRecord& r) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "step %ld/%ld | loss %.4f | lr %.2e | grad norm %.3f | %s tok/s | %.0f ms | "
+                "mem/rank: state %s, peak %s",
+                static_cast<long>(r.step), static_cast<long>(r.total_steps), r.totals.loss, r.lr,
+                r.grad_norm, human_count(static_cast<double>(r.tokens) / r.step_time_s).c_str(),
+                r.step_time_s * 1e3,
+                human_bytes(static_cast<double>(r.totals.mem.resident_bytes)).c_str(),
+                human_bytes(static_cast<double>(r.totals.mem.peak_bytes)).c_str());
+  return buf;
+}
+
+json end_event(const RunTotals& t) {
+  return {{"event", "end"},
+          {"steps", t.steps},
+          {"start_step", t.start_step},
+          {"first_train_loss", t.first_train_loss},
+          {"final_train_loss", t.final_train_loss},
+          {"final_val_loss", t.final_val_loss},
+          {"total_time_s", t.total_time_s},
+          {"train_time_s", t.train_time_s},
+          {"mean_tokens_per_s", t.mean_tokens_per_s}};
+}
+
+std::string done_line(const RunTotals& t) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "done: train loss %.4f -> %.4f, val loss %.4f, %.1f s total, %s tok/s mean",
+                t.first_train_loss, t.final_train_loss, t.final_val_loss, t.total_time_s,
+                human_count(t.mean_tokens_per_s).c_str());
+  return buf;
+}
+
+CollectiveTrace::CollectiveTrace(TraceRecorder& trace, fsdp::comm::ProcessGroupPtr group)
+    : trace_(trace), group_(std::move(group)) {
+  trace_.reset_origin();
+  origin_s_ = fsdp::comm::now_s();
+  if (trace_.enabled()) {
+    group_->stats().set_record_events(true);
+    group_->stats().take_events();  // drop the collectives of the set-up
+  }
+}
+
+void CollectiveTrace::flush() {
+  if (!trace_.enabled()) return;
+  for (const auto& e : group_->stats().take_events()) {
+    trace_.add(fsdp::comm::to_string(e.kind), "comm", 1, (e.start_s - origin_s_) * 1e6,
+               (e.end_s - e.start_s) * 1e6, {{"bytes", e.bytes}});
+  }
+}
+
+void write_trace(const TraceRecorder& trace, const std::string& path,
+                 fsdp::comm::ProcessGroup& group) {
+  std::vector<std::string> per_rank = fsdp::comm::all_gather_strings(group, trace.serialize());
+  if (group.rank() == 0) TraceRecorder::write_merged(path, per_rank);
+}
+
+}  // namespace apps::train

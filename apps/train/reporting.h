@@ -1,5 +1,24 @@
-// Reporting helpers of fsdp-train: learning-rate schedule, console progress, JSON-lines metrics and
-// the Chrome trace. No libtorch here.
+// Reporting of fsdp-train: learning-rate schedule, console output, the JSON-lines metrics (config,
+// step and end events, with the measurement rules they follow) and the Chrome trace. libtorch only
+// through fsdp's process group (the reporting collectives and the trace gathering).
+//
+// [Note: measurement rules]
+// The JSON-lines fields of a step event ("step", written by rank 0) are measured so:
+//   * "comm" is this rank's CommStats delta over the training part of the step only (forwards,
+//     backwards, grad clipping, optimizer step): a snapshot is taken right before the first
+//     micro-batch and right after optimizer.step() (trainer.cpp). The app's own collectives for the
+//     reported loss and memory (reduce_step_report, after the second snapshot), evaluation and
+//     checkpointing are excluded exactly.
+//   * "mem" values are the MAX over ranks. param/grad/optim/unsharded/resident bytes are
+//     fsdp::accounting::model_state_bytes after optimizer.step() (before zero_grad); peak_bytes is
+//     the counting allocator's peak over the training part of the step (reset at its start).
+//   * "loss" is the mean over the global batch (all-reduce kAvg of each rank's local mean).
+//   * step_time_s / tokens_per_s cover the training part; tokens = global batch * seq len.
+//   * --trace: every rank records its events; at the end they are gathered to rank 0 over the
+//     process group (write_trace) and rank 0 writes one file. Compute events (tid 0) are timed per
+//     micro-batch forward / backward and per optimizer step. tid 1 holds one event per collective
+//     of the world group as it ran on its communication thread (CollectiveTrace), so overlap of
+//     communication with compute is visible.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -11,7 +30,16 @@
 #include <string>
 #include <vector>
 
-namespace fsdp::train {
+#include "fsdp/comm/process_group.h"
+#include "fsdp/common/cpu_info.h"
+#include "train/train_config.h"
+
+namespace apps::train {
+
+using Clock = std::chrono::steady_clock;
+
+/// Seconds on Clock since t.
+double seconds_since(Clock::time_point t);
 
 /// Learning rate of optimizer step `step` (1-based): linear warmup lr*step/warmup over the first
 /// `warmup` steps, then cosine decay from lr to min_lr at step `total`.
@@ -93,4 +121,128 @@ class TraceScope {
   double begin_;
 };
 
-}  // namespace fsdp::train
+// ---- Events of the metrics file ----------------------------------------------------------------
+
+/// What a run knows once it is set up, beyond its TrainConfig: reported by the config event and
+/// the start-up lines.
+struct RunFacts {
+  // The model as built (preset and overrides).
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
+  std::string attention;
+  int64_t num_params = 0;
+  // Data.
+  std::string tokenizer_path;
+  std::string train_path, val_path;  ///< val_path "": the last 5% of train_path's tokens
+  int64_t train_tokens = 0, val_tokens = 0;
+  // Parallelism and batch.
+  std::string backend;
+  int world_size = 1;
+  std::string strategy;
+  bool forward_prefetch = false;
+  int hybrid_shard_group_size = 0;
+  int64_t bucket_cap_bytes = 0;
+  bool root_output_fp32 = false;  ///< the root unit returns fp32 logits (mixed precision)
+  int64_t micro_batch_size = 0, accumulation_steps = 0;
+  bool heap_retained = false;  ///< fsdp::accounting::retain_freed_heap_memory()
+  // Checkpoints.
+  std::string resumed_from;  ///< the checkpoint directory loaded ("" when not resumed)
+  int64_t start_step = 0;
+  double load_s = 0.0, import_s = 0.0;
+};
+
+/// The {"event":"config"} object: every resolved setting of c, the facts f and the CPU (model,
+/// libtorch capability, bf16/fp16 matmul units).
+nlohmann::json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& cpu);
+
+/// The start-up lines: a warning when --mixed-precision has no matmul units on this CPU, where the
+/// run resumed from, what it imported, and one line naming the model, ranks, strategy, data and
+/// batch.
+void print_start(Console& console, const TrainConfig& c, const RunFacts& f,
+                 const fsdp::CpuInfo& cpu);
+
+/// This rank's CommStats delta between two snapshots ("comm" of a step event): {kind}_bytes,
+/// {kind}_calls and {kind}_busy_s for all_gather, reduce_scatter, all_reduce, broadcast, barrier.
+nlohmann::json comm_delta(const fsdp::comm::CommStats::Snapshot& before,
+                          const fsdp::comm::CommStats::Snapshot& after);
+
+/// Model-state bytes of a step ("mem" of a step event): one rank's, or the MAX over ranks.
+struct StepMemory {
+  int64_t param_shard_bytes = 0;      ///< sharded params incl. padding rows
+  int64_t grad_shard_bytes = 0;       ///< sharded grads
+  int64_t optim_state_bytes = 0;      ///< AdamW state
+  int64_t unsharded_param_bytes = 0;  ///< unsharded params resident (zero1: its full params)
+  int64_t resident_bytes = 0;         ///< all of the above plus unsharded grads alive
+  int64_t peak_bytes = 0;             ///< counting allocator's peak of the training part
+};
+
+/// The numbers every rank reports alike for a step ([Note: measurement rules]).
+struct StepTotals {
+  double loss = 0.0;  ///< mean over the global batch
+  StepMemory mem;     ///< MAX over ranks
+};
+
+/// Averages the ranks' local losses and takes the MAX of their memory. Collective and blocking
+/// over group: two all-reduces (kAvg, then kMax), issued after the step's measured part.
+StepTotals reduce_step_report(double local_loss, const StepMemory& local,
+                              fsdp::comm::ProcessGroup& group);
+
+/// One optimizer step as reported.
+struct StepRecord {
+  int64_t step = 0;         ///< 1-based
+  int64_t total_steps = 0;  ///< --steps
+  StepTotals totals;
+  double lr = 0.0;
+  double grad_norm = 0.0;  ///< global norm before clipping
+  int64_t tokens = 0;      ///< tokens of the global batch
+  double step_time_s = 0.0;
+  nlohmann::json comm;  ///< comm_delta of the training part
+  bool loss_scaling = false;      ///< fp16: report loss_scale and optimizer_stepped
+  double loss_scale = 1.0;        ///< the scale this step's backward used
+  bool optimizer_stepped = true;  ///< false: inf/NaN gradients, step skipped
+};
+
+/// The {"event":"step"} object of r.
+nlohmann::json step_event(const StepRecord& r);
+/// The console progress line of r ("step 3/20 | loss ... | mem/rank: state ..., peak ...").
+std::string step_line(const StepRecord& r);
+
+/// A run's summary.
+struct RunTotals {
+  int64_t steps = 0, start_step = 0;
+  double first_train_loss = 0.0, final_train_loss = 0.0, final_val_loss = 0.0;
+  double total_time_s = 0.0;  ///< from the start of the step loop to the end of --export
+  double train_time_s = 0.0;  ///< sum of the steps' step_time_s
+  double mean_tokens_per_s = 0.0;
+};
+
+/// The {"event":"end"} object of t.
+nlohmann::json end_event(const RunTotals& t);
+/// The console line of t ("done: train loss a -> b, val loss c, ...").
+std::string done_line(const RunTotals& t);
+
+// ---- Trace --------------------------------------------------------------------------------------
+
+/// The collectives of one process group as Chrome-trace events (tid 1) of a TraceRecorder, timed as
+/// they ran on the group's communication thread (fsdp::comm::CommStats events, on the
+/// fsdp::comm::now_s() clock, shifted to the trace origin). Nothing when the trace is disabled.
+class CollectiveTrace {
+ public:
+  /// Resets trace's origin to now and, when the trace is enabled, starts recording the group's
+  /// collectives (dropping those recorded before). Call right after a barrier on every rank.
+  CollectiveTrace(TraceRecorder& trace, fsdp::comm::ProcessGroupPtr group);
+  /// Moves the collectives recorded since the last call into the trace. Not collective.
+  void flush();
+
+ private:
+  TraceRecorder& trace_;
+  fsdp::comm::ProcessGroupPtr group_;
+  double origin_s_;
+};
+
+/// Gathers every rank's trace (fsdp::comm::all_gather_strings of TraceRecorder::serialize) and
+/// writes them to path on rank 0 (TraceRecorder::write_merged). Collective and blocking over group.
+/// Throws std::runtime_error on rank 0 when path cannot be written.
+void write_trace(const TraceRecorder& trace, const std::string& path,
+                 fsdp::comm::ProcessGroup& group);
+
+}  // namespace apps::train

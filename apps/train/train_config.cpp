@@ -7,7 +7,7 @@
 #include <sstream>
 #include <vector>
 
-namespace fsdp::train {
+namespace apps::train {
 
 namespace {
 
@@ -125,10 +125,12 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       ->group("Parallelism");
   app.add_option("--hybrid-shard-group-size", c.hybrid_shard_group_size,
                  "hybrid_shard: ranks per shard group (consecutive ranks, a simulated node); must "
-                 "divide the world size; 0 = all ranks (then hybrid_shard equals full_shard)")
+                 "divide the world size; 0 = all ranks (then hybrid_shard equals full_shard). "
+                 "Default 0; an error with another strategy")
       ->check(CLI::NonNegativeNumber)->group("Parallelism");
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb,
-                 "no_shard: gradient all-reduce bucket size in MiB (issued during backward)")
+                 "no_shard: gradient all-reduce bucket size in MiB (issued during backward). "
+                 "Default 25; an error with another strategy")
       ->check(CLI::PositiveNumber)->group("Parallelism");
   // Optimisation
   app.add_option("--global-batch-size", c.global_batch_size,
@@ -248,4 +250,4 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   return c;
 }
 
-}  // namespace fsdp::train
+}  // namespace apps::train

@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-namespace fsdp::train {
+namespace apps::train {
 
 /// Resolved settings of one fsdp-train run. Defaults here are the flag defaults.
 struct TrainConfig {
@@ -25,8 +25,12 @@ struct TrainConfig {
   std::string mixed_precision = "fp32";  ///< fp32 | bf16 | fp16
   int threads = 1;                       ///< intra-op threads per rank
   bool forward_prefetch = true;          ///< FullyShardOptions::forward_prefetch of every unit
-  int hybrid_shard_group_size = 0;       ///< ranks per shard group of hybrid_shard; 0 = all ranks
-  double bucket_cap_mb = 25.0;           ///< no_shard all-reduce bucket size in MiB
+  /// hybrid_shard only: ranks per shard group; 0 = all ranks (unset: 0). Set with another strategy:
+  /// a usage error.
+  std::optional<int> hybrid_shard_group_size;
+  /// no_shard only: all-reduce bucket size in MiB (unset: 25). Set with another strategy: a usage
+  /// error.
+  std::optional<double> bucket_cap_mb;
   // Optimisation
   int64_t global_batch_size = 32;  ///< sequences per optimizer step, all ranks together
   int64_t micro_batch_size = 0;    ///< sequences per forward per rank; 0 = G/N (no accumulation)
@@ -69,4 +73,4 @@ struct TrainConfig {
 /// known choices); the rest (divisibility by the world size, strategy support) is checked later.
 std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, int* exit_code);
 
-}  // namespace fsdp::train
+}  // namespace apps::train

@@ -1,0 +1,122 @@
+// fsdp-train's checkpoint calls (checkpointing.h) over fsdp::checkpoint.
+#include "train/checkpointing.h"
+
+#include <ATen/ops/tensor.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <system_error>
+#include <vector>
+
+#include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/checkpoint/export.h"
+#include "fsdp/common/check.h"
+#include "train/errors.h"
+#include "train/reporting.h"
+
+namespace apps::train {
+namespace {
+
+/// Runs a collective checkpoint call, turning its fsdp::Error into a CheckpointError.
+template <typename F>
+auto checkpoint_call(const std::string& what, F&& f) {
+  try {
+    return f();
+  } catch (const fsdp::Error& e) {
+    throw CheckpointError(what + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+Resumed resume(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& model,
+               torch::optim::Optimizer& optimizer, LossScaling& loss_scaling,
+               const fsdp::comm::ProcessGroupPtr& group) {
+  Resumed r;
+  if (c.resume.empty()) return r;
+  const std::string path = c.resume == "latest" ? c.save : c.resume;
+  fsdp::checkpoint::TrainState st;
+  const auto t0 = Clock::now();
+  r.path = checkpoint_call("--resume " + path, [&] {
+    return fsdp::checkpoint::load_sharded(path, model, &optimizer, &st, group);
+  });
+  r.load_s = seconds_since(t0);
+  auto need = [&](const char* key) {
+    auto it = st.ints.find(key);
+    if (it == st.ints.end()) {
+      throw CheckpointError("--resume " + r.path + ": the checkpoint's train state has no '" + key +
+                            "' (not written by fsdp-train?)");
+    }
+    return it->second;
+  };
+  r.progress.step = need("step");
+  r.progress.lr_step = need("lr_step");
+  const int64_t sampler_pos = need("sampler_pos");
+  if (sampler_pos % c.global_batch_size != 0) {
+    throw UsageError("--resume " + r.path + ": " + std::to_string(sampler_pos) +
+                     " sequences consumed is not a whole number of global batches of " +
+                     std::to_string(c.global_batch_size) + " (resume with the same "
+                     "--global-batch-size)");
+  }
+  r.progress.batch_pos = sampler_pos / c.global_batch_size;
+  if (auto it = st.tensors.find("rng"); it != st.tensors.end()) {
+    fsdp::checkpoint::set_cpu_rng_state(it->second);
+  }
+  loss_scaling.load_state(st);
+  return r;
+}
+
+void check_save_dir(const TrainConfig& c, fsdp::comm::ProcessGroup& group) {
+  if (c.save.empty()) return;
+  std::string why;
+  if (group.rank() == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(c.save, ec);
+    if (ec) why = "cannot create it: " + ec.message();
+    else if (!std::filesystem::is_directory(c.save, ec)) why = "not a directory";
+    else if (::access(c.save.c_str(), W_OK | X_OK) != 0) why = "not writable";
+  }
+  at::Tensor bad = at::tensor(std::vector<int64_t>{why.empty() ? 0 : 1}, at::kLong);
+  group.all_reduce(bad, fsdp::comm::ReduceOp::kMax)->wait();
+  if (bad.item<int64_t>() != 0) {
+    throw UsageError("--save '" + c.save + "': " + (why.empty() ? "unusable on rank 0" : why));
+  }
+}
+
+Saved save(const TrainConfig& c, const TrainProgress& progress,
+           const std::shared_ptr<torch::nn::Module>& model, torch::optim::Optimizer& optimizer,
+           const LossScaling& loss_scaling, const fsdp::comm::ProcessGroupPtr& group) {
+  fsdp::checkpoint::TrainState st;
+  st.ints["step"] = progress.step;
+  st.ints["lr_step"] = progress.lr_step;
+  st.ints["sampler_pos"] = progress.batch_pos * c.global_batch_size;
+  st.tensors["rng"] = fsdp::checkpoint::cpu_rng_state();
+  loss_scaling.save_state(st);
+  fsdp::checkpoint::SaveOptions so;
+  so.keep_last_k = static_cast<int>(c.keep);
+  const auto t0 = Clock::now();
+  std::string name = checkpoint_call("--save " + c.save, [&] {
+    return fsdp::checkpoint::save_sharded(c.save, model, &optimizer, st, group, so);
+  });
+  const double save_s = seconds_since(t0);
+  return {c.save + "/" + name, save_s};
+}
+
+double import_weights(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& model,
+                      const fsdp::comm::ProcessGroupPtr& group) {
+  if (c.import_path.empty()) return 0.0;
+  const auto t0 = Clock::now();
+  checkpoint_call("--import " + c.import_path,
+                  [&] { fsdp::checkpoint::import_full(c.import_path, model, group); });
+  return seconds_since(t0);
+}
+
+double export_weights(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& model,
+                      const fsdp::comm::ProcessGroupPtr& group) {
+  const auto t0 = Clock::now();
+  checkpoint_call("--export " + c.export_path,
+                  [&] { fsdp::checkpoint::export_full(c.export_path, model, group); });
+  return seconds_since(t0);
+}
+
+}  // namespace apps::train

@@ -1,0 +1,82 @@
+// Checkpoints of fsdp-train: what a checkpoint's TrainState holds, --resume, --save (and the
+// check of its directory before training), --export and --import. Every call here is collective
+// over the group and turns the library's fsdp::Error into a CheckpointError.
+//
+// [Note: checkpoint contents]
+// A checkpoint (fsdp::checkpoint::save_sharded) holds the model shards, the AdamW state
+// (exp_avg, exp_avg_sq, step) and a TrainState with ints "step" (optimizer steps done), "lr_step"
+// (schedule position), "sampler_pos" (sequences consumed: the next global batch is
+// sampler_pos / --global-batch-size), the tensor "rng" (CPU generator state) and, for fp16, the
+// double "grad_scale" and the int "growth_tracker" (LossScaling::save_state). A run resumed at
+// the same world size repeats the uninterrupted run's losses bit for bit (fp32); at another world
+// size the global batches are the same and only reduction order differs.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "fsdp/comm/process_group.h"
+#include "train/loss_scaling.h"
+#include "train/train_config.h"
+
+namespace apps::train {
+
+/// Where a run stands: the TrainState of [Note: checkpoint contents], less the RNG and scaler.
+struct TrainProgress {
+  int64_t step = 0;       ///< optimizer steps done
+  int64_t lr_step = 0;    ///< schedule position: lr_at(lr_step + 1) is the next step's lr
+  int64_t batch_pos = 0;  ///< index of the next global batch (sampler_pos / global batch size)
+};
+
+/// What --resume loaded.
+struct Resumed {
+  TrainProgress progress;  ///< all zero without --resume
+  std::string path;        ///< the checkpoint directory loaded ("" without --resume)
+  double load_s = 0.0;     ///< seconds of fsdp::checkpoint::load_sharded
+};
+
+/// --resume PATH ("latest": --save DIR): loads the model shards, the optimizer state, the CPU
+/// generator and the loss scaler state, and returns the progress. Nothing without --resume.
+/// Collective and blocking over group. Throws CheckpointError when the checkpoint cannot be
+/// loaded (missing, incomplete, corrupt, another model) or its TrainState lacks a key, and
+/// UsageError when it was written with another --global-batch-size.
+Resumed resume(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& model,
+               torch::optim::Optimizer& optimizer, LossScaling& loss_scaling,
+               const fsdp::comm::ProcessGroupPtr& group);
+
+/// Checks that --save names a usable directory (created if missing, writable) before training:
+/// rank 0 looks, every rank learns the verdict (one all-reduce). Nothing without --save.
+/// Collective and blocking over group. Throws UsageError saying why on every rank.
+void check_save_dir(const TrainConfig& c, fsdp::comm::ProcessGroup& group);
+
+/// A checkpoint written by save().
+struct Saved {
+  std::string path;     ///< --save DIR / the checkpoint's directory name
+  double save_s = 0.0;  ///< seconds of fsdp::checkpoint::save_sharded
+};
+
+/// Writes the checkpoint of `progress` into --save DIR (keeping the newest --keep). Collective
+/// and blocking over group, after the optimizer step. Throws CheckpointError when the write fails
+/// (the previous checkpoint stays valid).
+Saved save(const TrainConfig& c, const TrainProgress& progress,
+           const std::shared_ptr<torch::nn::Module>& model, torch::optim::Optimizer& optimizer,
+           const LossScaling& loss_scaling, const fsdp::comm::ProcessGroupPtr& group);
+
+/// --import PATH: full weights (an --export file, or a Python torch.save of a dict of tensors)
+/// into the sharded model; returns the seconds it took (0, and nothing done, without --import).
+/// Collective and blocking over group. Throws CheckpointError when the file is unreadable or holds
+/// another model.
+double import_weights(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& model,
+                      const fsdp::comm::ProcessGroupPtr& group);
+
+/// --export PATH: the full state dict, written by rank 0 (torch.load-able); returns the seconds
+/// it took. Call only with --export set. Collective and blocking over group. Throws
+/// CheckpointError when the write fails.
+double export_weights(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& model,
+                      const fsdp::comm::ProcessGroupPtr& group);
+
+}  // namespace apps::train

@@ -1,0 +1,96 @@
+// Corpus loading (corpus.h): the folder or file --data names, tokenized by rank 0 first.
+#include "train/corpus.h"
+
+#include <sys/stat.h>
+
+#include <exception>
+#include <utility>
+
+#include "train/errors.h"
+
+namespace apps::train {
+namespace {
+
+bool is_dir(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+bool is_file(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+}  // namespace
+
+std::string tokenizer_path(const TrainConfig& c) {
+  const std::string path = c.data_dir + "/spm_" + std::to_string(c.vocab_size) + ".model";
+  if (!is_file(path)) {
+    throw UsageError("no tokenizer at " + path + ": run scripts/prepare_data.sh " + c.data_dir +
+                     " " + std::to_string(c.vocab_size));
+  }
+  return path;
+}
+
+Corpus load_corpus(const TrainConfig& c, const data::Tokenizer& tok,
+                   fsdp::comm::ProcessGroup& group, Console& console) {
+  Corpus corpus;
+  std::string src = c.data.empty() ? c.data_dir + "/corpus" : c.data;
+  if (is_dir(src)) {
+    corpus.train_path = src + "/train.txt";
+    corpus.val_path = src + "/val.txt";
+    for (const auto& p : {corpus.train_path, corpus.val_path}) {
+      if (!is_file(p)) {
+        throw UsageError(
+            "--data: folder '" + src + "' has no " + p.substr(src.size() + 1) +
+            (c.data.empty() ? " (run scripts/prepare_data.sh " + c.data_dir + ")" : ""));
+      }
+    }
+  } else if (is_file(src)) {
+    corpus.train_path = src;
+  } else {
+    throw UsageError("--data: '" + src + "' is neither a file nor a folder" +
+                     (c.data.empty() ? " (run scripts/prepare_data.sh " + c.data_dir + ")" : ""));
+  }
+  auto load = [&](const std::string& path) {
+    bool built = false;
+    auto t0 = Clock::now();
+    auto d = data::TokenDataset::load_or_build(path, tok, &built);
+    if (built) {
+      console.line("tokenized " + path + ": " + human_count(static_cast<double>(d.size())) +
+                   " tokens in " + std::to_string(seconds_since(t0)).substr(0, 4) +
+                   " s (cached as " + data::TokenDataset::cache_path(path, tok) + ")");
+    }
+    return d;
+  };
+  // Rank 0 tokenizes and writes the caches; the others read them after the barrier.
+  auto load_all = [&] {
+    data::TokenDataset train = load(corpus.train_path);
+    if (corpus.val_path.empty()) {
+      int64_t cut = train.size() - train.size() / 20;
+      corpus.val = std::make_shared<const data::TokenDataset>(train.slice(cut, train.size()));
+      corpus.train = std::make_shared<const data::TokenDataset>(train.slice(0, cut));
+    } else {
+      corpus.train = std::make_shared<const data::TokenDataset>(std::move(train));
+      corpus.val = std::make_shared<const data::TokenDataset>(load(corpus.val_path));
+    }
+  };
+  if (group.rank() == 0) load_all();
+  group.barrier()->wait();
+  if (group.rank() != 0) load_all();
+  return corpus;
+}
+
+data::DistributedBatchSampler make_sampler(std::shared_ptr<const data::TokenDataset> tokens,
+                                           const TrainConfig& c, int rank, int world_size,
+                                           const char* split) {
+  // The sampler checks sizes the same way on every rank: a rejection is a usage error (clean exit
+  // on all ranks), not a crash.
+  try {
+    return data::DistributedBatchSampler(std::move(tokens), c.global_batch_size, c.seq_len, rank,
+                                         world_size, c.seed);
+  } catch (const std::exception& e) {
+    throw UsageError(std::string(split) + " data: " + e.what());
+  }
+}
+
+}  // namespace apps::train

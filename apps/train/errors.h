@@ -1,0 +1,23 @@
+// The failures fsdp-train reports without aborting the job. Every rank reaches the same verdict, so
+// rank 0 prints it and all ranks exit with the code main() maps it to; any other exception is
+// printed by the rank that threw it and aborts the job (main.cpp).
+#pragma once
+
+#include <stdexcept>
+
+namespace apps::train {
+
+/// A setting the run cannot honour (a bad flag value, a size that does not divide, missing data).
+/// Thrown identically on every rank; rank 0 prints it, exit code 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// A collective checkpoint operation (--resume, --save, --export, --import) failed with
+/// fsdp::Error on every rank (the library guarantees the same verdict everywhere). Rank 0 prints
+/// it, exit code 1, no MPI_Abort.
+struct CheckpointError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace apps::train

@@ -1,0 +1,55 @@
+// What fsdp-train builds before its first step, resolved from its TrainConfig: the batch geometry,
+// the GPT's shape, the FSDP options of the block and root units, the check that every rank
+// initialised the same parameters, and AdamW over this rank's shards.
+#pragma once
+
+#include <torch/optim/adamw.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "fsdp/comm/process_group.h"
+#include "fsdp/runtime/options.h"
+#include "models/gpt.h"
+#include "train/train_config.h"
+
+namespace apps::train {
+
+/// How a step's global batch of G sequences is cut on N ranks.
+struct BatchGeometry {
+  int64_t rows = 0;   ///< sequences per rank per step, G / N
+  int64_t micro = 0;  ///< sequences per forward (--micro-batch-size; 0 there means rows)
+  int64_t accum = 0;  ///< micro-batches per optimizer step, rows / micro
+};
+
+/// The geometry of c on world_size ranks. Not collective. Throws UsageError (the same on every
+/// rank) when G is not divisible by world_size or micro does not divide the rows per rank.
+BatchGeometry resolve_batch(const TrainConfig& c, int world_size);
+
+/// The --model preset (vocab_size from the tokenizer) with the flags' overrides. Throws UsageError
+/// when --n-embd is not divisible by --n-head or --seq-len exceeds the context.
+models::GPTConfig resolve_model(const TrainConfig& c, int64_t vocab_size);
+
+/// The options of every block unit: strategy, mixed precision (param and reduce dtype bf16/fp16),
+/// forward prefetch, hybrid shard group size, bucket size in bytes. Throws UsageError for a
+/// strategy the library does not know.
+fsdp::FullyShardOptions resolve_fsdp_options(const TrainConfig& c);
+
+/// The root unit's options (embeddings, final LayerNorm, tied head): the blocks' options, with
+/// fp32 outputs under mixed precision so that the logits and the loss are fp32.
+fsdp::FullyShardOptions root_options_of(const fsdp::FullyShardOptions& blocks);
+
+/// Fails unless every rank built bitwise-identical initial parameters (same seed, same build):
+/// each rank's checksums (sum and sum of |p| over all parameters) are all-gathered and compared
+/// with rank 0's. Call before sharding. Collective and blocking over group (one all-gather).
+/// Throws std::runtime_error on every rank, naming the first rank that differs with rank 0's
+/// checksums (expected) and its own (actual), and every rank that differs.
+void check_identical_init(models::GPT& model, fsdp::comm::ProcessGroup& group);
+
+/// AdamW (--lr, --beta1, --beta2, eps 1e-8) over this rank's shards of the sharded model, in two
+/// groups: --weight-decay on the Linear weight matrices, none on biases, LayerNorm weights and the
+/// tied token / position embeddings. Not collective.
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const models::GPT& model,
+                                                    const TrainConfig& c);
+
+}  // namespace apps::train

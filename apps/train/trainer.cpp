@@ -1,0 +1,352 @@
+// fsdp-train's run (trainer.h): set-up, the measured training part of a step, evaluation and the
+// step loop. Collectives are issued in the same order on every rank.
+#include "train/trainer.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/tensor.h>
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
+#include "data/batch_sampler.h"
+#include "data/tokenizer.h"
+#include "fsdp/accounting/memory.h"
+#include "fsdp/common/check.h"
+#include "fsdp/common/cpu_info.h"
+#include "fsdp/optim/clip.h"
+#include "fsdp/runtime/fully_shard.h"
+#include "models/gpt.h"
+#include "train/checkpointing.h"
+#include "train/corpus.h"
+#include "train/errors.h"
+#include "train/loss_scaling.h"
+#include "train/model_setup.h"
+#include "train/op_profile.h"
+#include "train/reporting.h"
+
+namespace apps::train {
+namespace {
+
+/// Mean loss over `batches` global validation batches, micro sequences per forward. Collective
+/// over group (the model's forwards, then one all-reduce); no grad.
+double evaluate(models::GPT& model, const data::DistributedBatchSampler& val, int64_t batches,
+                int64_t micro, fsdp::comm::ProcessGroup& group) {
+  at::NoGradGuard no_grad;
+  const int64_t T = val.seq_len();
+  double sum = 0.0;
+  int64_t count = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    at::Tensor batch = val.eval_batch(b);  // (G/N, T+1)
+    for (int64_t r = 0; r < batch.size(0); r += micro) {
+      at::Tensor mb = batch.slice(0, r, std::min(r + micro, batch.size(0)));
+      at::Tensor logits = fsdp::call(model, mb.slice(1, 0, T));
+      sum += models::gpt_loss(logits.to(at::kFloat), mb.slice(1, 1, T + 1)).item<double>();
+      ++count;
+    }
+  }
+  at::Tensor mean = at::tensor(std::vector<double>{sum / count}, at::kDouble);
+  group.all_reduce(mean, fsdp::comm::ReduceOp::kAvg)->wait();
+  return mean.item<double>();
+}
+
+/// What the measured part of a step leaves on this rank.
+struct StepResult {
+  double local_loss = 0.0;  ///< mean over this rank's rows
+  double grad_norm = 0.0;
+  bool stepped = true;
+  double loss_scale = 1.0;  ///< the scale this step's backward used
+  StepMemory mem;           ///< this rank's; peak_bytes filled by the caller
+  fsdp::comm::CommStats::Snapshot stats_before;
+  double step_time_s = 0.0;
+};
+
+/// One run: the set-up in the constructor (in the order of its collectives), then run().
+class Trainer {
+ public:
+  Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool heap_retained);
+  void run();
+
+ private:
+  StepResult train_step(const at::Tensor& batch);
+  void eval_now(int64_t step);
+  void save_now();
+  void sample();
+
+  const TrainConfig cfg_;
+  const fsdp::comm::ProcessGroupPtr group_;
+  const int rank_, world_;
+  Console console_;
+  const BatchGeometry batch_;
+  const fsdp::FullyShardOptions fsdp_options_, root_options_;
+  LossScaling loss_scaling_;
+  RunFacts facts_;
+  std::unique_ptr<data::Tokenizer> tokenizer_;
+  Corpus corpus_;
+  std::optional<data::DistributedBatchSampler> train_sampler_, val_sampler_;
+  models::GPT model_{nullptr};
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  TrainProgress progress_;
+  std::optional<JsonLines> metrics_;
+  TraceRecorder trace_;
+  double last_val_ = NAN;
+};
+
+Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool heap_retained)
+    : cfg_(c),
+      group_(std::move(group)),
+      rank_(group_->rank()),
+      world_(group_->size()),
+      console_(rank_,
+               c.progress == "bar" || (c.progress == "auto" && ::isatty(STDOUT_FILENO) != 0)),
+      batch_(resolve_batch(c, world_)),
+      fsdp_options_(resolve_fsdp_options(c)),
+      root_options_(root_options_of(fsdp_options_)),
+      loss_scaling_(c.mixed_precision == "fp16"),
+      trace_(rank_, !c.trace.empty()) {
+  at::set_num_threads(cfg_.threads);
+  // Data: rank 0 tokenizes first (a barrier).
+  facts_.tokenizer_path = tokenizer_path(cfg_);
+  tokenizer_ = std::make_unique<data::Tokenizer>(facts_.tokenizer_path);
+  corpus_ = load_corpus(cfg_, *tokenizer_, *group_, console_);
+  train_sampler_.emplace(make_sampler(corpus_.train, cfg_, rank_, world_, "training"));
+  val_sampler_.emplace(make_sampler(corpus_.val, cfg_, rank_, world_, "validation"));
+
+  // Model: identical init on every rank (checked), then one unit per block plus the root.
+  const models::GPTConfig mcfg = resolve_model(cfg_, tokenizer_->vocab_size());
+  torch::manual_seed(cfg_.seed);
+  model_ = models::GPT(mcfg);
+  check_identical_init(model_, *group_);
+  try {
+    fsdp::fully_shard_tree(model_.ptr(), group_, fsdp::wrap_by_type<models::BlockImpl>(),
+                           fsdp_options_, root_options_);
+  } catch (const fsdp::Error& e) {
+    throw UsageError(std::string("the FSDP engine rejected these settings: ") + e.what());
+  }
+  facts_.import_s = import_weights(cfg_, model_.ptr(), group_);
+  optimizer_ = make_optimizer(model_, cfg_);
+  const Resumed resumed = resume(cfg_, model_.ptr(), *optimizer_, loss_scaling_, group_);
+  progress_ = resumed.progress;
+  check_save_dir(cfg_, *group_);
+
+  metrics_.emplace(cfg_.metrics, rank_);
+  if (rank_ == 0 && !cfg_.trace.empty() && !std::ofstream(cfg_.trace, std::ios::trunc)) {
+    throw std::runtime_error("cannot open trace file '" + cfg_.trace + "' for writing");
+  }
+  facts_.n_layer = mcfg.n_layer;
+  facts_.n_head = mcfg.n_head;
+  facts_.n_embd = mcfg.n_embd;
+  facts_.block_size = mcfg.block_size;
+  facts_.vocab_size = mcfg.vocab_size;
+  facts_.attention = mcfg.attention;
+  facts_.num_params = mcfg.num_params();
+  facts_.train_path = corpus_.train_path;
+  facts_.val_path = corpus_.val_path;
+  facts_.train_tokens = corpus_.train->size();
+  facts_.val_tokens = corpus_.val->size();
+  facts_.backend = group_->backend_name();
+  facts_.world_size = world_;
+  facts_.strategy = fsdp::to_string(fsdp_options_.strategy);
+  facts_.forward_prefetch = fsdp_options_.forward_prefetch;
+  facts_.hybrid_shard_group_size = fsdp_options_.hybrid_shard_group_size;
+  facts_.bucket_cap_bytes = fsdp_options_.bucket_cap_bytes.value_or(fsdp::kDefaultBucketCapBytes);
+  facts_.root_output_fp32 = root_options_.mixed_precision.output_dtype.has_value();
+  facts_.micro_batch_size = batch_.micro;
+  facts_.accumulation_steps = batch_.accum;
+  facts_.heap_retained = heap_retained;
+  facts_.resumed_from = resumed.path;
+  facts_.start_step = resumed.progress.step;
+  facts_.load_s = resumed.load_s;
+  const fsdp::CpuInfo& cpu = fsdp::cpu_info();
+  metrics_->write(config_event(cfg_, facts_, cpu));
+  print_start(console_, cfg_, facts_, cpu);
+}
+
+StepResult Trainer::train_step(const at::Tensor& batch) {
+  // The measured part of the step: [Note: measurement rules] in reporting.h.
+  StepResult r;
+  const int64_t T = cfg_.seq_len, micro = batch_.micro, accum = batch_.accum;
+  fsdp::accounting::reset_peak_bytes();
+  r.stats_before = group_->stats().snapshot();
+  const auto t0 = Clock::now();
+  for (int64_t k = 0; k < accum; ++k) {
+    fsdp::set_requires_gradient_sync(model_.ptr(), k == accum - 1);
+    at::Tensor mb = batch.slice(0, k * micro, (k + 1) * micro);  // (micro, T+1)
+    at::Tensor loss;
+    {
+      TraceScope s(trace_, "forward mb" + std::to_string(k));
+      at::Tensor logits = fsdp::call(model_, mb.slice(1, 0, T));  // (micro, T, V)
+      loss = models::gpt_loss(logits.to(at::kFloat), mb.slice(1, 1, T + 1));
+    }
+    {
+      TraceScope s(trace_, "backward mb" + std::to_string(k));
+      loss_scaling_.scale(loss / static_cast<double>(accum)).backward();
+    }
+    r.local_loss += loss.item<double>() / static_cast<double>(accum);
+  }
+  fsdp::accounting::ModelStateBytes state;
+  r.loss_scale = loss_scaling_.current_scale();
+  {
+    TraceScope s(trace_, "optimizer step (clip + AdamW)");
+    loss_scaling_.unscale(model_.ptr());
+    r.grad_norm = fsdp::clip_grad_norm(model_.ptr(), cfg_.grad_clip);
+    r.stepped = loss_scaling_.step(*optimizer_, model_.ptr());
+    state = fsdp::accounting::model_state_bytes(model_.ptr(), optimizer_.get());
+    optimizer_->zero_grad();
+  }
+  r.step_time_s = seconds_since(t0);
+  r.mem = {state.sharded_param_bytes, state.sharded_grad_bytes, state.optim_state_bytes,
+           state.unsharded_param_bytes, state.resident_bytes(), 0};
+  return r;
+}
+
+void Trainer::eval_now(int64_t step) {
+  const double t0 = trace_.now_us();
+  last_val_ = evaluate(model_, *val_sampler_, cfg_.eval_batches, batch_.micro, *group_);
+  trace_.add("eval", "compute", 0, t0, trace_.now_us() - t0);
+  metrics_->write({{"event", "eval"}, {"step", step}, {"val_loss", last_val_}});
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "step %ld: val loss %.4f", static_cast<long>(step), last_val_);
+  console_.line(buf);
+}
+
+void Trainer::save_now() {
+  const double t0_us = trace_.now_us();
+  const Saved saved = save(cfg_, progress_, model_.ptr(), *optimizer_, loss_scaling_, group_);
+  trace_.add("checkpoint save", "compute", 0, t0_us, trace_.now_us() - t0_us);
+  metrics_->write({{"event", "checkpoint"}, {"step", progress_.step}, {"path", saved.path},
+                   {"save_s", saved.save_s}});
+  console_.line("step " + std::to_string(progress_.step) + ": checkpoint " + saved.path + " (" +
+                std::to_string(saved.save_s).substr(0, 5) + " s)");
+}
+
+void Trainer::sample() {
+  const double t0 = trace_.now_us();
+  std::vector<int32_t> prompt32 = tokenizer_->encode(cfg_.sample_prompt);
+  std::vector<int64_t> prompt(prompt32.begin(), prompt32.end());
+  std::vector<int64_t> out = model_->generate(prompt, cfg_.sample_tokens, cfg_.sample_temperature,
+                                              cfg_.sample_top_k, cfg_.seed);
+  trace_.add("generate", "compute", 0, t0, trace_.now_us() - t0);
+  std::vector<int32_t> out32(prompt32);  // decode prompt + continuation together (spacing)
+  out32.insert(out32.end(), out.begin(), out.end());
+  console_.line("sample (" + std::to_string(cfg_.sample_tokens) + " tokens, temperature " +
+                std::to_string(cfg_.sample_temperature).substr(0, 4) + ", top-k " +
+                std::to_string(cfg_.sample_top_k) + "):\n" + tokenizer_->decode(out32));
+}
+
+void Trainer::run() {
+  group_->barrier()->wait();
+  CollectiveTrace comm_trace(trace_, group_);  // the trace's origin, on every rank
+  const auto run_start = Clock::now();
+  const int64_t start_step = facts_.start_step;
+  if (start_step > cfg_.steps) {
+    throw UsageError("--resume " + facts_.resumed_from + " is at step " +
+                     std::to_string(start_step) + ", beyond --steps " + std::to_string(cfg_.steps));
+  }
+  const int64_t tokens_per_step = cfg_.global_batch_size * cfg_.seq_len;
+  double train_seconds = 0.0, first_loss = NAN, last_loss = NAN;
+  OpProfiler op_profiler;
+  const int64_t profile_from = std::max(start_step + 1, cfg_.steps - cfg_.profile_steps + 1);
+  double profiled_s = 0.0;
+  for (int64_t step = start_step + 1; step <= cfg_.steps; ++step) {
+    if (!cfg_.profile.empty() && step == profile_from) op_profiler.start();
+    const double lr =
+        lr_at(++progress_.lr_step, cfg_.steps, cfg_.warmup_steps, cfg_.lr, cfg_.min_lr);
+    for (auto& g : optimizer_->param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+    }
+    at::Tensor batch = train_sampler_->train_batch(progress_.batch_pos++);  // (G/N, T+1)
+    StepResult r = train_step(batch);
+    progress_.step = step;
+    if (op_profiler.active()) {
+      profiled_s += r.step_time_s;
+      if (step == cfg_.steps) {
+        // Stopped before the last step's evaluation and checkpoint, which are not step time.
+        const std::string path =
+            rank_ == 0 ? cfg_.profile : cfg_.profile + ".rank" + std::to_string(rank_);
+        std::vector<OpTotals> ops = op_profiler.stop(path);
+        console_.line("operator profile of the last " +
+                      std::to_string(cfg_.steps - profile_from + 1) + " step(s), rank 0 (" +
+                      std::to_string(profiled_s * 1e3).substr(0, 7) + " ms of steps; trace " +
+                      cfg_.profile + "):\n" +
+                      format_op_table(ops, profiled_s, 25));
+      }
+    }
+    const auto stats_after = group_->stats().snapshot();
+    r.mem.peak_bytes = fsdp::accounting::peak_bytes();
+    train_seconds += r.step_time_s;
+
+    // Reporting (collectives outside the measured part).
+    StepRecord rec;
+    rec.totals = reduce_step_report(r.local_loss, r.mem, *group_);
+    last_loss = rec.totals.loss;
+    if (step == start_step + 1) first_loss = last_loss;
+    rec.comm = comm_delta(r.stats_before, stats_after);
+    comm_trace.flush();
+    rec.step = step;
+    rec.total_steps = cfg_.steps;
+    rec.lr = lr;
+    rec.grad_norm = r.grad_norm;
+    rec.tokens = tokens_per_step;
+    rec.step_time_s = r.step_time_s;
+    rec.loss_scaling = loss_scaling_.enabled();
+    rec.loss_scale = r.loss_scale;
+    rec.optimizer_stepped = r.stepped;
+    metrics_->write(step_event(rec));
+    console_.progress(step_line(rec));
+
+    if ((cfg_.eval_every > 0 && step % cfg_.eval_every == 0) || step == cfg_.steps) eval_now(step);
+    if (!cfg_.save.empty() &&
+        ((cfg_.save_every > 0 && step % cfg_.save_every == 0) || step == cfg_.steps)) {
+      save_now();
+    }
+    comm_trace.flush();
+  }
+
+  if (cfg_.sample_tokens > 0) sample();
+  if (!cfg_.export_path.empty()) {
+    const double t0_us = trace_.now_us();
+    const double export_s = export_weights(cfg_, model_.ptr(), group_);
+    trace_.add("export", "compute", 0, t0_us, trace_.now_us() - t0_us);
+    comm_trace.flush();
+    metrics_->write({{"event", "export"}, {"path", cfg_.export_path}, {"export_s", export_s}});
+    console_.line("exported the full state dict to " + cfg_.export_path + " (" +
+                  std::to_string(export_s).substr(0, 5) + " s)");
+  }
+  RunTotals totals;
+  totals.total_time_s = seconds_since(run_start);
+  totals.steps = cfg_.steps;
+  totals.start_step = start_step;
+  totals.first_train_loss = first_loss;
+  totals.final_train_loss = last_loss;
+  totals.final_val_loss = last_val_;
+  totals.train_time_s = train_seconds;
+  const int64_t tokens_trained = tokens_per_step * (cfg_.steps - start_step);
+  totals.mean_tokens_per_s =
+      train_seconds > 0 ? static_cast<double>(tokens_trained) / train_seconds : 0.0;
+  metrics_->write(end_event(totals));
+  console_.line(done_line(totals));
+  if (!cfg_.trace.empty()) {
+    write_trace(trace_, cfg_.trace, *group_);
+    console_.line("trace written to " + cfg_.trace);
+  }
+  group_->barrier()->wait();
+}
+
+}  // namespace
+
+void train(const TrainConfig& c, const fsdp::comm::ProcessGroupPtr& group, bool heap_retained) {
+  Trainer trainer(c, group, heap_retained);
+  trainer.run();
+}
+
+}  // namespace apps::train
