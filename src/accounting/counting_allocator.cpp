@@ -76,8 +76,8 @@ class CountingAllocator final : public c10::Allocator {
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &CountingAllocator::release, device);
     c10::DataPtr inner = inner_->allocate(n);
     void* data = inner.get();
-    FSDP_CHECK(data != nullptr, "[fsdp] counting allocator: the inner CPU allocator returned null "
-               "for ", n, " bytes");
+    FSDP_CHECK(data != nullptr, ErrorKind::kOutOfMemory, (ErrorContext{-1, "", "allocate"}),
+               "the CPU allocator returned no memory for ", n, " bytes");
     {
       Stripe& s = stripe_of(data);
       std::lock_guard<std::mutex> lock(s.mu);

@@ -30,7 +30,4 @@ Error::Error(ErrorKind kind, ErrorContext where, const std::string& message)
       where_(std::move(where)),
       message_(message) {}
 
-Error::Error(const std::string& full_message)
-    : std::runtime_error(full_message), kind_(ErrorKind::kInvalidArgument), message_(full_message) {}
-
 }  // namespace fsdp

@@ -13,8 +13,8 @@ namespace fsdp {
 double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max_norm,
                       double norm_type) {
   const bool inf = std::isinf(norm_type) && norm_type > 0;
-  FSDP_CHECK(inf || norm_type == 2.0, "[fsdp] clip_grad_norm: norm_type ", norm_type,
-             " is not supported (2 or inf)");
+  FSDP_CHECK(inf || norm_type == 2.0, ErrorKind::kUnsupported, (ErrorContext{-1, "", "clip_grad_norm"}),
+             expected_actual("norm_type", "2 or inf", norm_type));
   // Each rank adds its shards' sum of squares divided by how many ranks hold the same shard
   // (1 when sharded, the world size when replicated), and one all-reduce over the data-parallel
   // group sums the distinct shards: a replicated gradient is counted once, not once per rank.

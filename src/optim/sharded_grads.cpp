@@ -14,9 +14,8 @@ ShardedGrads sharded_grads(const std::shared_ptr<torch::nn::Module>& root, const
   ShardedGrads out;
   wait_for_pending(root);
   for (const auto& u : units_of(root)) {
-    FSDP_CHECK(!out.group || out.group == u->group(), "[fsdp rank ", u->group()->rank(), "] ", op,
-               ": unit '", u->name(),
-               "' trains over another process group than the other units under this root");
+    FSDP_CHECK(!out.group || out.group == u->group(), ErrorKind::kInvalidArgument, u->where(op),
+               "the unit trains over another process group than the other units under this root");
     out.group = u->group();
     for (const auto& p : u->params()) {
       const at::Tensor& g = p.sharded_param.grad();

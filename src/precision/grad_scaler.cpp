@@ -13,9 +13,10 @@ GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(op
   FSDP_CHECK(options_.init_scale > 0 && options_.growth_factor > 1.0 &&
                  options_.backoff_factor > 0 && options_.backoff_factor < 1.0 &&
                  options_.growth_interval >= 1,
-             "[fsdp] GradScaler: invalid options (init_scale ", options_.init_scale,
-             ", growth_factor ", options_.growth_factor, ", backoff_factor ",
-             options_.backoff_factor, ", growth_interval ", options_.growth_interval, ")");
+             ErrorKind::kInvalidArgument, (ErrorContext{-1, "", "GradScaler"}),
+             "invalid options: init_scale ", options_.init_scale, " (expected > 0), growth_factor ",
+             options_.growth_factor, " (> 1), backoff_factor ", options_.backoff_factor,
+             " (in (0, 1)), growth_interval ", options_.growth_interval, " (>= 1)");
 }
 
 at::Tensor GradScaler::scale(const at::Tensor& loss) const { return loss * scale_; }
@@ -38,8 +39,8 @@ bool GradScaler::unscale(const std::shared_ptr<torch::nn::Module>& model) {
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer,
                       const std::shared_ptr<torch::nn::Module>& model) {
-  FSDP_CHECK(!stepped_, "[fsdp] GradScaler::step called twice since the last update(); call "
-             "update() after each step()");
+  FSDP_CHECK(!stepped_, ErrorKind::kState, (ErrorContext{-1, "", "GradScaler::step"}),
+             "called twice since the last update(); call update() after each step()");
   bool inf = unscale(model);
   if (!inf) optimizer.step();
   stepped_ = true;
@@ -47,7 +48,8 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer,
 }
 
 void GradScaler::update() {
-  FSDP_CHECK(unscaled_, "[fsdp] GradScaler::update called before unscale/step in this step");
+  FSDP_CHECK(unscaled_, ErrorKind::kState, (ErrorContext{-1, "", "GradScaler::update"}),
+             "called before unscale() or step() in this step");
   if (found_inf_) {
     scale_ *= options_.backoff_factor;
     growth_tracker_ = 0;
@@ -61,7 +63,8 @@ void GradScaler::update() {
 }
 
 void GradScaler::load_state(double scale, int64_t growth_tracker) {
-  FSDP_CHECK(scale > 0, "[fsdp] GradScaler::load_state: scale must be > 0, got ", scale);
+  FSDP_CHECK(scale > 0, ErrorKind::kInvalidArgument, (ErrorContext{-1, "", "GradScaler::load_state"}),
+             expected_actual("scale", "> 0", scale));
   scale_ = scale;
   growth_tracker_ = growth_tracker;
   unscaled_ = false;

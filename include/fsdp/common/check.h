@@ -41,9 +41,6 @@ struct ErrorContext {
 class Error : public std::runtime_error {
  public:
   Error(ErrorKind kind, ErrorContext where, const std::string& message);
-  /// Transitional: a message that carries its own prefix (kind kInvalidArgument, no context).
-  /// Being removed; new code passes kind and context.
-  explicit Error(const std::string& full_message);
   ErrorKind kind() const { return kind_; }
   const ErrorContext& where() const { return where_; }
   /// The message without the "[fsdp rank R] unit 'U' OP: " prefix.
@@ -79,11 +76,6 @@ namespace detail {
 template <typename... Args>
 Error make_error(ErrorKind kind, ErrorContext where, const Args&... args) {
   return Error(kind, std::move(where), str_cat(args...));
-}
-// Transitional form FSDP_CHECK(cond, "message parts"...), being removed.
-template <typename... Args>
-Error make_error(const Args&... args) {
-  return Error(str_cat(args...));
 }
 }  // namespace detail
 
