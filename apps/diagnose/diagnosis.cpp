@@ -100,17 +100,22 @@ std::string diagnose(const std::vector<Dump>& dumps, int world_size) {
     for (const auto& d : dumps) world_size = std::max(world_size, d.world_size);
   }
   std::ostringstream os;
-  // Disagreements the ranks detected themselves (the collective check).
+  // A disagreement the ranks detected themselves (the collective check): every rank reports the
+  // same verdict, so the newest one of any dump is enough.
+  const Entry* mismatch = nullptr;
   for (const auto& d : dumps) {
     for (const auto& e : d.records) {
-      if (e.state == "failed" && e.error.find("ranks disagree") != std::string::npos) {
-        const auto at = e.error.find("ranks disagree");
-        os << "The ranks disagreed at " << describe(e) << ": " << e.error.substr(at) << " ";
-        goto waits;  // every rank reports the same verdict: once is enough
+      if (e.state == "failed" && e.error.find("ranks disagree") != std::string::npos &&
+          (!mismatch || e.seq > mismatch->seq)) {
+        mismatch = &e;
       }
     }
   }
-waits:
+  if (mismatch) {
+    std::string verdict = mismatch->error.substr(mismatch->error.find("ranks disagree"));
+    while (!verdict.empty() && (verdict.back() == ' ' || verdict.back() == '.')) verdict.pop_back();
+    os << "The ranks disagreed at " << describe(*mismatch) << ": " << verdict << ". ";
+  }
   {
     // Who waits where.
     std::map<std::string, std::vector<int>> waiting;  // description -> ranks
@@ -161,11 +166,15 @@ waits:
     }
     if (!idle.empty()) {
       os << ranks_text(idle) << (idle.size() == 1 ? " has" : " have") << " no collective pending";
-      for (int r : idle) {
-        for (const auto& d : dumps) {
-          if (d.rank != r) continue;
-          if (const Entry* c = last_completed(d, "world")) os << " (rank " << r << " last completed " << describe(*c) << ")";
-        }
+      std::map<std::string, std::vector<int>> last;  // last completed -> ranks
+      for (const auto& d : dumps) {
+        if (std::find(idle.begin(), idle.end(), d.rank) == idle.end()) continue;
+        if (const Entry* c = last_completed(d, "world")) last[describe(*c)].push_back(d.rank);
+      }
+      const char* sep = "; last completed: ";
+      for (const auto& [what, rs] : last) {
+        os << sep << (rs.size() == idle.size() ? std::string("all ") + what : ranks_text(rs) + " " + what);
+        sep = ", ";
       }
       os << ". ";
     }

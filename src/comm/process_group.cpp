@@ -152,7 +152,7 @@ void ProcessGroup::check_same_op(const Op& op) {
     return out;
   };
   for (size_t i = 0; i < sides.size(); ++i) msg += (i ? "; " : "") + ranks(sides[i].second) + " issued " + sides[i].first;
-  msg += str_cat(". ", ranks(differ), " differ from rank 0. Every rank must run the same units in the "
+  msg += str_cat(". ", ranks(differ), differ.size() == 1 ? " differs" : " differ", " from rank 0. Every rank must run the same units in the "
                  "same order (same forward and backward, same number of calls of each unit); "
                  "data-dependent control flow must take the same path on every rank");
   throw Error(ErrorKind::kMismatch, ErrorContext{rank_, op.signature.unit, to_string(op.kind)}, msg);
