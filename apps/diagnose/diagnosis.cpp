@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <set>
 #include <sstream>
@@ -122,9 +124,20 @@ std::string diagnose(const std::vector<Dump>& dumps, int world_size) {
     std::map<std::string, const Entry*> waiting_entry;
     std::vector<int> idle;
     std::set<int> present;
+    std::vector<std::string> suspended;  // ranks whose own timeout came from being suspended
     for (const auto& d : dumps) {
       present.insert(d.rank);
-      if (const Entry* e = waiting_in(d)) {
+      const Entry* w = waiting_in(d);
+      if (w && w->error.find("was suspended for ") != std::string::npos) {
+        const auto at = w->error.find("suspended for ") + 14;
+        std::ostringstream line;
+        line << "rank " << d.rank << " was suspended for " << std::fixed << std::setprecision(1)
+             << std::strtod(w->error.c_str() + at, nullptr) << " s while in " << describe(*w)
+             << " (stopped, swapped out or descheduled): the others waited for it";
+        suspended.push_back(line.str());
+        continue;
+      }
+      if (const Entry* e = w) {
         waiting[describe(*e)].push_back(d.rank);
         waiting_entry[describe(*e)] = e;
       } else {
@@ -142,6 +155,7 @@ std::string diagnose(const std::vector<Dump>& dumps, int world_size) {
       first = false;
     }
     if (!first) os << ". ";
+    for (const auto& line : suspended) os << line << ". ";
     // Ranks that left no dump: the last collective the others completed (with them) in the group
     // of the wait.
     std::vector<int> missing;

@@ -74,6 +74,9 @@ constexpr int kPollSpins = 50;
 constexpr auto kPollSleep = std::chrono::microseconds(20);
 constexpr double kLongWait_s = 0.05;
 constexpr auto kIdleSleep = std::chrono::milliseconds(1);
+// A gap this long between two polls means the process did not run (SIGSTOP, swapped out): a
+// timeout it then reports is its own stall, and the message says so.
+constexpr double kSuspendGap_s = 1.0;
 
 // Starts a non-blocking collective with start(&request) and completes it by polling.
 template <typename Start>
@@ -82,14 +85,20 @@ void run_nonblocking(const char* call, int rank, double deadline_s, Start&& star
   check_mpi(start(&req), call, rank);
   int done = 0;
   const double t0 = now_s();
+  double prev = t0, suspended_s = 0;
   for (int spins = 0;; ++spins) {
     check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), call, rank);
     if (done) return;
     if (spins < kPollSpins) continue;
     const double t = now_s();
+    if (t - prev > kSuspendGap_s) suspended_s += t - prev;
+    prev = t;
     if (t > deadline_s) {
       throw Error(ErrorKind::kTimeout, ErrorContext{rank, "", call},
-                  str_cat("not complete after ", t - t0, " s (deadline reached)"));
+                  str_cat("not complete after ", t - t0, " s (deadline reached)",
+                          suspended_s > 0 ? str_cat("; this rank was suspended for ", suspended_s,
+                                                    " s of the wait (stopped, swapped out or descheduled)")
+                                          : std::string()));
     }
     if (t - t0 > kLongWait_s) {
       std::this_thread::sleep_for(kIdleSleep);
