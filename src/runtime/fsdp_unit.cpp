@@ -292,7 +292,12 @@ std::vector<at::Tensor> FSDPUnit::pre_forward(std::vector<at::Tensor> inputs) {
     forward_index_ = detail::take_replayed_use(*replay, *this, here);
     training_state_ = TrainingState::kForward;
     push_activity(Activity{name_.c_str(), "backward (recompute)"});
-    unshard("backward (recompute)");
+    try {
+      unshard("backward (recompute)");
+    } catch (...) {
+      pop_activity();  // post_forward will not run
+      throw;
+    }
   } else {
     FSDP_CHECK(training_state_ == TrainingState::kIdle, ErrorKind::kState, where("forward"),
                "forward entered in state ", to_string(training_state_), ", expected IDLE");
@@ -313,14 +318,19 @@ std::vector<at::Tensor> FSDPUnit::pre_forward(std::vector<at::Tensor> inputs) {
     follow_requires_grad();
     training_state_ = TrainingState::kForward;
     push_activity(Activity{name_.c_str(), "forward"});
-    forward_index_ = scheduler_->record_use(this);
-    if (region) {
-      region->uses.push_back({weak_from_this(), forward_index_});
-      // The recompute's nested backward may accumulate a parameter's gradient more than once.
-      if (reducer_) reducer_->defer_to_end_of_backward();
+    try {
+      forward_index_ = scheduler_->record_use(this);
+      if (region) {
+        region->uses.push_back({weak_from_this(), forward_index_});
+        // The recompute's nested backward may accumulate a parameter's gradient more than once.
+        if (reducer_) reducer_->defer_to_end_of_backward();
+      }
+      unshard("forward");
+      if (options_.forward_prefetch) scheduler_->prefetch_next(forward_index_);
+    } catch (...) {
+      pop_activity();  // post_forward will not run (e.g. the memory budget refused the gather)
+      throw;
     }
-    unshard("forward");
-    if (options_.forward_prefetch) scheduler_->prefetch_next(forward_index_);
   }
   const auto& mp = options_.mixed_precision;
   if (mp.buffer_dtype) {
