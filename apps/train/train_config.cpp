@@ -13,7 +13,7 @@ namespace apps::train {
 
 namespace {
 
-// Turns the TOML file's top-level keys into "--key value" arguments (placed before the real command
+// Turns the TOML file's top-level keys into "--key=value" arguments (placed before the real command
 // line, so that a flag given there wins: every option keeps its last value).
 std::vector<std::string> config_file_args(const std::string& path, CLI::App& app) {
   toml::table table;
@@ -54,12 +54,7 @@ std::vector<std::string> config_file_args(const std::string& path, CLI::App& app
                                                  std::string(key.str()) +
                                                  "' must be a string, number or boolean");
     }
-    if (opt->get_type_size() == 0) {
-      args.push_back("--" + name + "=" + value);  // a flag takes its value after '='
-    } else {
-      args.push_back("--" + name);
-      args.push_back(value);
-    }
+    args.push_back("--" + name + "=" + value);  // one argument: flags take their value after '=' only
   }
   return args;
 }
