@@ -21,6 +21,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "fsdp/runtime/activation_checkpoint.h"
 #include "fsdp/runtime/fully_shard.h"
 
 namespace apps::models {
@@ -179,7 +180,7 @@ at::Tensor GPTImpl::forward(const at::Tensor& idx) {
   }
   auto pos = at::arange(T, idx.options().dtype(at::kLong));  // (T,)
   at::Tensor x = wte(idx) + wpe(pos);                         // (B, T, C)
-  for (auto& block : blocks) x = fsdp::call(block, x);
+  for (auto& block : blocks) x = checkpoint_blocks_ ? fsdp::call_checkpointed(block, x) : fsdp::call(block, x);
   x = ln_f(x);
   return at::linear(x, wte->weight);  // (B, T, V), head tied to wte
 }

@@ -98,6 +98,13 @@ class GPTImpl : public torch::nn::Module {
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt_ids, int64_t n_tokens,
                                 double temperature, int64_t top_k, uint64_t seed);
 
+  /// With true, forward runs each block as an activation-checkpointed region
+  /// (fsdp::call_checkpointed): only the blocks' inputs are kept for backward and each block's
+  /// forward is re-run in its backward (FSDP units are unsharded again for it). Default false.
+  /// Every rank must use the same setting.
+  void set_activation_checkpointing(bool on) { checkpoint_blocks_ = on; }
+  bool activation_checkpointing() const { return checkpoint_blocks_; }
+
   const GPTConfig& config() const { return cfg_; }
   /// The output head's weight: the same tensor as wte->weight.
   const at::Tensor& lm_head_weight() const { return wte->weight; }
@@ -109,6 +116,7 @@ class GPTImpl : public torch::nn::Module {
 
  private:
   GPTConfig cfg_;
+  bool checkpoint_blocks_ = false;
 };
 TORCH_MODULE(GPT);
 

@@ -16,6 +16,11 @@
       --mixed-precision fp32 --strategy full_shard: the losses of the first 20 steps at N = 1, 2
       and 4 agree within 1e-4 relative (issue 3).
 
+  train_e2e.py budget  --bin ... --data-dir ...
+      --memory-budget: at N = 2 and 4 a model that --strategy no_shard cannot train under the budget
+      fails on every rank with one error line (exit 1, no abort banner, no step, no checkpoint),
+      and --strategy full_shard trains it under the same budget, its loss falling.
+
 Exit 0: pass; 77: skipped (no data / no mpirun); anything else: fail.
 """
 import argparse
@@ -181,9 +186,44 @@ def test_parity(opts, tmp):
     check(runs[1][20] < runs[1][1], "loss decreases (%.4f -> %.4f)" % (runs[1][1], runs[1][20]))
 
 
+# The --memory-budget demo (apps/README.md): a model whose no_shard state (16 bytes/param on every
+# rank) does not fit the budget while full_shard's (16/N bytes/param plus activations and the
+# gathered units) does, at N = 2 and 4. Peaks measured on the dev machine are in apps/README.md.
+BUDGET_MODEL = ["--model", "micro", "--n-layer", "6", "--n-embd", "384", "--global-batch-size", "8",
+                "--seq-len", "64"]
+BUDGET, BUDGET_BYTES = "210MB", 210e6
+
+
+def test_budget(opts, tmp):
+    for n in (2, 4):
+        ck = os.path.join(tmp, "ck%d" % n)
+        m = os.path.join(tmp, "ns%d.jsonl" % n)
+        p = launch(BUDGET_MODEL + ["--strategy", "no_shard", "--memory-budget", BUDGET, "--steps", "3",
+                                   "--save", ck, "--metrics", m], n, opts, expect_ok=False)
+        err = [l for l in p.stderr.splitlines() if l.startswith("fsdp-train") and "error:" in l]
+        check(p.returncode == 1 and len(err) == 1 and
+              ("out of memory on every rank (%d of %d)" % (n, n)) in err[0] and
+              "memory budget of 210.0 MB exceeded" in err[0],
+              "N=%d no_shard under %s: exit %d, one error line: %r" % (n, BUDGET, p.returncode,
+                                                                       err[0][:200] if err else ""))
+        check("MPI_ABORT" not in p.stdout + p.stderr and "Traceback" not in p.stderr and
+              "terminate called" not in p.stderr, "N=%d no_shard: no abort banner or backtrace" % n)
+        check(not events(m, "step") and not os.path.exists(os.path.join(ck, "latest")) and
+              not [d for d in (os.listdir(ck) if os.path.isdir(ck) else []) if d.startswith("step-")],
+              "N=%d no_shard: no step reported, no checkpoint written" % n)
+        m = os.path.join(tmp, "fs%d.jsonl" % n)
+        launch(BUDGET_MODEL + ["--strategy", "full_shard", "--memory-budget", BUDGET, "--steps", "4",
+                               "--metrics", m], n, opts)
+        steps = events(m, "step")
+        peak = max(e["mem"]["peak_bytes"] for e in steps)
+        check(len(steps) == 4 and steps[-1]["loss"] < steps[0]["loss"] and peak <= BUDGET_BYTES,
+              "N=%d full_shard under %s trains 4 steps, loss %.3f -> %.3f, peak %.1f MB" %
+              (n, BUDGET, steps[0]["loss"], steps[-1]["loss"], peak / 1e6))
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["resume", "parity"])
+    ap.add_argument("mode", choices=["resume", "parity", "budget"])
     ap.add_argument("--bin", required=True)
     ap.add_argument("--data-dir", required=True)
     opts = ap.parse_args()
@@ -196,7 +236,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="fsdp-train-e2e-")
     try:
         t0 = time.time()
-        (test_resume if opts.mode == "resume" else test_parity)(opts, tmp)
+        {"resume": test_resume, "parity": test_parity, "budget": test_budget}[opts.mode](opts, tmp)
         print("PASS (%.1f s)" % (time.time() - t0))
         return 0
     finally:

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "diagnose/diagnosis.h"
+#include "fsdp/accounting/budget.h"
 #include "fsdp/common/check.h"
 #include "train/errors.h"
 
@@ -29,6 +30,24 @@ void diagnose_timeout(int rank, const std::string& dir) {
               << diagnose::diagnose(dumps, world) << std::endl;
   } catch (const std::exception& e) {
     std::cerr << "fsdp-train [rank " << rank << "]: no diagnosis: " << e.what() << std::endl;
+  }
+}
+
+// How many ranks reached this call within agree_s seconds: the world size when every rank did,
+// 0 when some did not (their peers are then still training or blocked in a collective). Uses
+// MPI_COMM_WORLD itself, which no process group communicates on (they use duplicates).
+int ranks_agreeing(int size, double agree_s) {
+  if (size <= 1) return size;
+  int mine = 1, total = 0;
+  MPI_Request request;
+  if (MPI_Iallreduce(&mine, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &request) != MPI_SUCCESS) return 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(agree_s);
+  for (;;) {
+    int done = 0;
+    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return 0;
+    if (done) return total;
+    if (std::chrono::steady_clock::now() > deadline) return 0;  // the abort cancels the request
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
 
@@ -59,7 +78,7 @@ fsdp::comm::ProcessGroupOptions group_options(const TrainConfig& c) {
   return o;
 }
 
-int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder_dir) {
+int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder_dir, double agree_s) {
   const int rank = world_rank();
   int size = 1;
   int init = 0;
@@ -74,6 +93,18 @@ int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder
   } catch (const CheckpointError& e) {
     if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;
     return 1;
+  } catch (const fsdp::OutOfMemory& e) {
+    fsdp::accounting::clear_memory_budget();  // the report may allocate
+    const char* remedy = " (raise --memory-budget, or need less: a sharded --strategy, "
+                         "--activation-checkpointing, a smaller --micro-batch-size)";
+    if (ranks_agreeing(size, agree_s) == size) {
+      if (rank == 0) {
+        std::cerr << "fsdp-train: error: out of memory on every rank (" << size << " of " << size
+                  << "), rank 0: " << e.what() << remedy << std::endl;
+      }
+      return 1;
+    }
+    std::cerr << "fsdp-train [rank " << rank << "]: error: " << e.what() << remedy << std::endl;
   } catch (const fsdp::Error& e) {
     if (e.kind() == fsdp::ErrorKind::kMismatch) {
       // The collective check fails the same collective on every rank with the same verdict.

@@ -3,7 +3,8 @@
 //
 // Exit codes: 0 done (or --help); 2 a bad flag or setting (rank 0 prints it once, every rank
 // exits); 1 a failure every rank reached together (a checkpoint operation, ranks that ran
-// different collectives: rank 0 prints it, every rank exits); otherwise the error is printed by
+// different collectives, every rank out of its --memory-budget: rank 0 prints it, every rank
+// exits); otherwise the error is printed by
 // each rank that hits it, with its rank, and the job is aborted. A collective timeout also prints
 // the diagnosis of the flight-recorder dumps (which ranks wait where, which rank left no dump)
 // from the lowest live rank before the abort.
@@ -26,6 +27,12 @@ int world_rank();
 fsdp::comm::ProcessGroupOptions group_options(const TrainConfig& config);
 
 /// Reports `error` as described above and returns the exit code (or aborts the job).
-int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder_dir);
+///
+/// fsdp::OutOfMemory (the --memory-budget refused an allocation): the budget is lifted, then the
+/// ranks agree without the process group (a non-blocking all-reduce on MPI_COMM_WORLD, waited for
+/// at most agree_s seconds). When every rank ran out of its budget (the usual case: every rank
+/// runs the same allocations), rank 0 prints one line and every rank exits with 1; otherwise a
+/// peer may be blocked in a collective, so the rank prints its own line and the job is aborted.
+int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder_dir, double agree_s = 30.0);
 
 }  // namespace apps::train

@@ -21,9 +21,11 @@
 // Measurement rules (what the JSON-lines fields measure): [Note: measurement rules] in
 // reporting.h. Checkpoint contents: [Note: checkpoint contents] in checkpointing.h. Both are
 // documented for users in apps/README.md. Exit codes: failures.h.
+#include <algorithm>
 #include <exception>
 #include <optional>
 
+#include "fsdp/accounting/budget.h"
 #include "fsdp/accounting/memory.h"
 #include "fsdp/comm/mpi_backend.h"
 #include "train/failures.h"
@@ -32,6 +34,7 @@
 
 int main(int argc, char** argv) {
   std::string flight_recorder_dir;
+  double agree_s = 30.0;
   try {
     fsdp::comm::init_mpi();
     const int rank = apps::train::world_rank();
@@ -40,12 +43,14 @@ int main(int argc, char** argv) {
     if (!config) return exit_code;
     const fsdp::comm::ProcessGroupOptions options = apps::train::group_options(*config);
     flight_recorder_dir = options.flight_recorder_dir;
+    agree_s = std::min(agree_s, options.timeout_s);
     fsdp::comm::ProcessGroupPtr world = fsdp::comm::mpi_world(options);
     fsdp::accounting::install_counting_allocator();
+    if (config->memory_budget_bytes > 0) fsdp::accounting::set_memory_budget(config->memory_budget_bytes, rank);
     const bool heap_retained = fsdp::accounting::retain_freed_heap_memory();
     apps::train::train(*config, world, heap_retained);
     return 0;
   } catch (...) {
-    return apps::train::exit_on_failure(std::current_exception(), flight_recorder_dir);
+    return apps::train::exit_on_failure(std::current_exception(), flight_recorder_dir, agree_s);
   }
 }

@@ -4,6 +4,8 @@
 #include <toml++/toml.h>
 
 #include <iostream>
+
+#include "fsdp/accounting/budget.h"
 #include <sstream>
 #include <vector>
 
@@ -11,7 +13,7 @@ namespace apps::train {
 
 namespace {
 
-// Turns the TOML file's top-level keys into "--key value" arguments (placed before the real command
+// Turns the TOML file's top-level keys into "--key=value" arguments (placed before the real command
 // line, so that a flag given there wins: every option keeps its last value).
 std::vector<std::string> config_file_args(const std::string& path, CLI::App& app) {
   toml::table table;
@@ -52,8 +54,7 @@ std::vector<std::string> config_file_args(const std::string& path, CLI::App& app
                                                  std::string(key.str()) +
                                                  "' must be a string, number or boolean");
     }
-    args.push_back("--" + name);
-    args.push_back(value);
+    args.push_back("--" + name + "=" + value);  // one argument: flags take their value after '=' only
   }
   return args;
 }
@@ -132,6 +133,16 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
                  "no_shard: gradient all-reduce bucket size in MiB (issued during backward). "
                  "Default 25; an error with another strategy")
       ->check(CLI::PositiveNumber)->group("Parallelism");
+  app.add_flag("--activation-checkpointing", c.activation_checkpointing,
+               "Recompute each block's activations in backward instead of keeping them from the "
+               "forward (fsdp::call_checkpointed): less activation memory, one more block forward "
+               "per step")
+      ->group("Parallelism");
+  app.add_option("--memory-budget", c.memory_budget,
+                 "Per-rank memory budget for CPU tensors, e.g. 600MB or 1.5GiB (KB/MB/GB: powers of "
+                 "1000; KiB/MiB/GiB: of 1024): an allocation past it stops the run with one error "
+                 "line naming the rank, unit, phase and bytes (exit 1). Default: none")
+      ->group("Parallelism");
   // Optimisation
   app.add_option("--global-batch-size", c.global_batch_size,
                  "Sequences per optimizer step, all ranks together (divisible by the world size)")
@@ -239,6 +250,16 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
     for (auto& s : all) ptrs.push_back(s.data());
     app.parse(static_cast<int>(ptrs.size()), ptrs.data());
     if (c.min_lr > c.lr) throw CLI::ValidationError("--min-lr", "must not exceed --lr");
+    if (!c.memory_budget.empty()) {
+      try {
+        c.memory_budget_bytes = fsdp::accounting::parse_bytes(c.memory_budget);
+      } catch (const fsdp::Error& e) {
+        throw CLI::ValidationError("--memory-budget", e.message());
+      }
+      if (c.memory_budget_bytes <= 0) {
+        throw CLI::ValidationError("--memory-budget", "must be more than 0 bytes, got '" + c.memory_budget + "'");
+      }
+    }
     if (c.save.empty() && (c.save_every > 0 || c.keep > 0)) {
       throw CLI::ValidationError("--save-every/--keep", "need --save DIR");
     }

@@ -31,6 +31,13 @@ struct TrainConfig {
   /// no_shard only: all-reduce bucket size in MiB (unset: 25). Set with another strategy: a usage
   /// error.
   std::optional<double> bucket_cap_mb;
+  /// Recompute each block's activations in backward instead of keeping them
+  /// (fsdp::call_checkpointed per block).
+  bool activation_checkpointing = false;
+  /// Per-rank memory budget as given ("600MB", "1.5GiB"; "" = none) and in bytes (0 = none): the
+  /// counting allocator refuses allocations past it with fsdp::OutOfMemory.
+  std::string memory_budget;
+  int64_t memory_budget_bytes = 0;
   // Optimisation
   int64_t global_batch_size = 32;  ///< sequences per optimizer step, all ranks together
   int64_t micro_batch_size = 0;    ///< sequences per forward per rank; 0 = G/N (no accumulation)

@@ -20,7 +20,9 @@
 
 #include "data/batch_sampler.h"
 #include "data/tokenizer.h"
+#include "fsdp/accounting/budget.h"
 #include "fsdp/accounting/memory.h"
+#include "fsdp/common/activity.h"
 #include "fsdp/common/check.h"
 #include "fsdp/common/cpu_info.h"
 #include "fsdp/optim/clip.h"
@@ -125,10 +127,14 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   const models::GPTConfig mcfg = resolve_model(cfg_, tokenizer_->vocab_size());
   torch::manual_seed(cfg_.seed);
   model_ = models::GPT(mcfg);
+  model_->set_activation_checkpointing(cfg_.activation_checkpointing);
   check_identical_init(model_, *group_);
   try {
+    const fsdp::ActivityScope activity(nullptr, "fully_shard");
     fsdp::fully_shard_tree(model_.ptr(), group_, fsdp::wrap_by_type<models::BlockImpl>(),
                            fsdp_options_, root_options_);
+  } catch (const fsdp::OutOfMemory&) {
+    throw;  // the memory budget, not the settings
   } catch (const fsdp::Error& e) {
     throw UsageError(std::string("the FSDP engine rejected these settings: ") + e.what());
   }
@@ -185,10 +191,12 @@ StepResult Trainer::train_step(const at::Tensor& batch) {
     {
       TraceScope s(trace_, "forward mb" + std::to_string(k));
       at::Tensor logits = fsdp::call(model_, mb.slice(1, 0, T));  // (micro, T, V)
+      const fsdp::ActivityScope activity(nullptr, "loss");
       loss = models::gpt_loss(logits.to(at::kFloat), mb.slice(1, 1, T + 1));
     }
     {
       TraceScope s(trace_, "backward mb" + std::to_string(k));
+      const fsdp::ActivityScope activity(nullptr, "backward");
       loss_scaling_.scale(loss / static_cast<double>(accum)).backward();
     }
     r.local_loss += loss.item<double>() / static_cast<double>(accum);
@@ -197,6 +205,7 @@ StepResult Trainer::train_step(const at::Tensor& batch) {
   r.loss_scale = loss_scaling_.current_scale();
   {
     TraceScope s(trace_, "optimizer step (clip + AdamW)");
+    const fsdp::ActivityScope activity(nullptr, "optimizer step");
     loss_scaling_.unscale(model_.ptr());
     r.grad_norm = fsdp::clip_grad_norm(model_.ptr(), cfg_.grad_clip);
     r.stepped = loss_scaling_.step(*optimizer_, model_.ptr());
@@ -211,6 +220,7 @@ StepResult Trainer::train_step(const at::Tensor& batch) {
 
 void Trainer::eval_now(int64_t step) {
   const double t0 = trace_.now_us();
+  const fsdp::ActivityScope activity(nullptr, "evaluation");
   last_val_ = evaluate(model_, *val_sampler_, cfg_.eval_batches, batch_.micro, *group_);
   trace_.add("eval", "compute", 0, t0, trace_.now_us() - t0);
   metrics_->write({{"event", "eval"}, {"step", step}, {"val_loss", last_val_}});
@@ -221,6 +231,7 @@ void Trainer::eval_now(int64_t step) {
 
 void Trainer::save_now() {
   const double t0_us = trace_.now_us();
+  const fsdp::ActivityScope activity(nullptr, "checkpoint save");
   const Saved saved = save(cfg_, progress_, model_.ptr(), *optimizer_, loss_scaling_, group_);
   trace_.add("checkpoint save", "compute", 0, t0_us, trace_.now_us() - t0_us);
   metrics_->write({{"event", "checkpoint"}, {"step", progress_.step}, {"path", saved.path},

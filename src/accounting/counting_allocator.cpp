@@ -12,7 +12,9 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "fsdp/accounting/budget.h"
 #include "fsdp/accounting/memory.h"
+#include "fsdp/common/activity.h"
 #include "fsdp/common/check.h"
 
 namespace fsdp::accounting {
@@ -21,12 +23,29 @@ namespace {
 std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
 std::atomic<bool> g_installed{false};
+std::atomic<int64_t> g_budget{0};  // 0: none
+std::atomic<int> g_budget_rank{-1};
 
-void add_bytes(int64_t n) {
-  const int64_t now = g_current.fetch_add(n) + n;
+void raise_peak(int64_t now) {
   int64_t peak = g_peak.load();
   while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
   }
+}
+
+// [Note: memory budget] The bytes are reserved before the inner allocator is asked, so two threads
+// cannot both pass the check with the last free bytes; a refused request is given back at once and
+// nothing is allocated. The report names the unit and phase the calling thread marked
+// (fsdp::current_activity()); the communication threads are exempt (BudgetExemptScope).
+void reserve_bytes(int64_t n) {
+  const int64_t now = g_current.fetch_add(n) + n;
+  const int64_t budget = g_budget.load(std::memory_order_relaxed);
+  if (budget > 0 && now > budget && !budget_exempt()) {
+    g_current.fetch_sub(n);
+    const Activity a = current_activity();
+    throw OutOfMemory(ErrorContext{g_budget_rank.load(), a.unit ? a.unit : "", a.phase ? a.phase : ""}, n,
+                      now - n, budget);
+  }
+  raise_peak(now);
 }
 
 // [Note: counting allocator contract] c10::Allocator has two ways in: allocate() returns a DataPtr
@@ -74,8 +93,16 @@ class CountingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     const c10::Device device(c10::DeviceType::CPU);
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &CountingAllocator::release, device);
-    c10::DataPtr inner = inner_->allocate(n);
+    reserve_bytes(static_cast<int64_t>(n));  // throws OutOfMemory past the budget
+    c10::DataPtr inner;
+    try {
+      inner = inner_->allocate(n);
+    } catch (...) {
+      g_current.fetch_sub(static_cast<int64_t>(n));
+      throw;
+    }
     void* data = inner.get();
+    if (data == nullptr) g_current.fetch_sub(static_cast<int64_t>(n));
     FSDP_CHECK(data != nullptr, ErrorKind::kOutOfMemory, (ErrorContext{-1, "", "allocate"}),
                "the CPU allocator returned no memory for ", n, " bytes");
     {
@@ -83,7 +110,6 @@ class CountingAllocator final : public c10::Allocator {
       std::lock_guard<std::mutex> lock(s.mu);
       s.live.emplace(data, Allocation{std::move(inner), static_cast<int64_t>(n)});
     }
-    add_bytes(static_cast<int64_t>(n));
     return c10::DataPtr(data, data, &CountingAllocator::release, device);
   }
 
@@ -140,6 +166,17 @@ bool retain_freed_heap_memory() {
   return false;
 #endif
 }
+
+void set_memory_budget(int64_t budget_bytes, int rank) {
+  FSDP_CHECK(budget_bytes > 0, ErrorKind::kInvalidArgument, (ErrorContext{rank, "", "set_memory_budget"}),
+             expected_actual("memory budget", "a number of bytes > 0", budget_bytes));
+  install_counting_allocator();
+  g_budget_rank = rank;
+  g_budget = budget_bytes;
+}
+
+void clear_memory_budget() { g_budget = 0; }
+int64_t memory_budget_bytes() { return g_budget.load(); }
 
 bool counting_allocator_installed() { return g_installed.load(); }
 int64_t current_bytes() { return g_current.load(); }

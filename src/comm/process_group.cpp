@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "fsdp/common/activity.h"
 #include "fsdp/common/check.h"
 
 namespace fsdp::comm {
@@ -103,6 +104,9 @@ ProcessGroup::~ProcessGroup() {
 }
 
 void ProcessGroup::worker_loop() {
+  // A memory budget never refuses this thread's allocations (the collective check's signatures,
+  // reduction scratch): a refusal here would fail one rank's op while its peers wait in it.
+  const BudgetExemptScope exempt;
   for (;;) {
     Op op;
     {

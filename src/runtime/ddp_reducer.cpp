@@ -103,6 +103,10 @@ void DdpReducer::install_hooks() {
 
 void DdpReducer::on_grad_accumulated(int i) {
   if (!armed_) return;
+  if (deferred_) {
+    touched_ = true;  // finish() issues every bucket
+    return;
+  }
   bool twice = false;
   std::vector<size_t> ready = plan_.mark_ready(i, &twice);
   FSDP_CHECK(!twice, ErrorKind::kState, (ErrorContext{group_->rank(), unit_name_, "backward"}),
@@ -155,6 +159,7 @@ void DdpReducer::finish(bool issue_rest) {
   }
   plan_.reset();
   touched_ = false;
+  deferred_ = false;
 }
 
 void DdpReducer::abandon() {

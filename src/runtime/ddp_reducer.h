@@ -61,6 +61,10 @@ class DdpReducer : public std::enable_shared_from_this<DdpReducer> {
   /// From the AccumulateGrad post-hook of param i: issues the buckets that became complete.
   /// Throws fsdp::Error (kState) when param i's gradient is accumulated twice in one backward.
   void on_grad_accumulated(int i);
+  /// The next backward issues no bucket from the hooks: all go at its end (finish), as the
+  /// parameters' gradients may be accumulated more than once (the nested backward passes of
+  /// activation-checkpointed regions). Same on every rank, as the regions are.
+  void defer_to_end_of_backward() { deferred_ = true; }
   /// True when a gradient was reported in the current backward.
   bool touched() const { return touched_; }
   /// End of a backward: when `issue_rest`, issues the buckets not issued yet (params without a
@@ -86,6 +90,7 @@ class DdpReducer : public std::enable_shared_from_this<DdpReducer> {
   std::vector<std::shared_ptr<void>> grad_accumulators_;
   bool armed_ = false;
   bool touched_ = false;
+  bool deferred_ = false;
 };
 
 }  // namespace fsdp::detail

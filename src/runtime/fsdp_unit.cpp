@@ -6,6 +6,8 @@
 
 #include "autograd_hooks.h"
 #include "buffers.h"
+#include "checkpoint_region.h"
+#include "fsdp/common/activity.h"
 #include "consistency.h"
 #include "ddp_reducer.h"
 #include "fsdp/runtime/fully_shard.h"
@@ -279,23 +281,57 @@ void FSDPUnit::invalidate_unsharded() {
 }
 
 std::vector<at::Tensor> FSDPUnit::pre_forward(std::vector<at::Tensor> inputs) {
-  FSDP_CHECK(training_state_ == TrainingState::kIdle, ErrorKind::kState, where("forward"),
-             "forward entered in state ", to_string(training_state_), ", expected IDLE");
-  // [Note: root and final callback] The first unit called with no forward in progress is the
-  // root of its tree: lazy init binds every unit below it to one Scheduler.
-  if (!scheduler_) lazy_init_root();
-  if (is_root()) {
-    scheduler_->begin_forward(where("forward"));
-    if (options_.sync_buffers && module_raw_->is_training()) detail::broadcast_buffers(*module_raw_, *group_);
+  if (detail::CheckpointRegion* replay = detail::replaying_region()) {
+    // [Note: activation checkpointing] A use recorded by a checkpointed region's forward, run
+    // again inside its backward: same index in the forward order, params gathered again, hooks
+    // registered as in a plain forward (post_forward keeps the params for the nested backward).
+    const ErrorContext here = where("backward (recompute)");
+    FSDP_CHECK(training_state_ == TrainingState::kIdle || training_state_ == TrainingState::kPreBackward,
+               ErrorKind::kState, here, "recomputed forward in state ", to_string(training_state_),
+               ", expected IDLE or PRE_BACKWARD");
+    forward_index_ = detail::take_replayed_use(*replay, *this, here);
+    training_state_ = TrainingState::kForward;
+    push_activity(Activity{name_.c_str(), "backward (recompute)"});
+    try {
+      unshard("backward (recompute)");
+    } catch (...) {
+      pop_activity();  // post_forward will not run
+      throw;
+    }
   } else {
-    FSDP_CHECK(scheduler_->in_forward(), ErrorKind::kState, where("forward"),
-               "called outside the forward of its root unit; call the root module through fsdp::call");
+    FSDP_CHECK(training_state_ == TrainingState::kIdle, ErrorKind::kState, where("forward"),
+               "forward entered in state ", to_string(training_state_), ", expected IDLE");
+    detail::CheckpointRegion* region = detail::recording_region();
+    FSDP_CHECK(!region || (scheduler_ && !is_root()), ErrorKind::kUnsupported, where("forward"),
+               "the root unit of a tree runs inside an activation-checkpointed region; checkpoint the "
+               "units below the root (e.g. each block), not the whole model");
+    // [Note: root and final callback] The first unit called with no forward in progress is the
+    // root of its tree: lazy init binds every unit below it to one Scheduler.
+    if (!scheduler_) lazy_init_root();
+    if (is_root()) {
+      scheduler_->begin_forward(where("forward"));
+      if (options_.sync_buffers && module_raw_->is_training()) detail::broadcast_buffers(*module_raw_, *group_);
+    } else {
+      FSDP_CHECK(scheduler_->in_forward(), ErrorKind::kState, where("forward"),
+                 "called outside the forward of its root unit; call the root module through fsdp::call");
+    }
+    follow_requires_grad();
+    training_state_ = TrainingState::kForward;
+    push_activity(Activity{name_.c_str(), "forward"});
+    try {
+      forward_index_ = scheduler_->record_use(this);
+      if (region) {
+        region->uses.push_back({weak_from_this(), forward_index_});
+        // The recompute's nested backward may accumulate a parameter's gradient more than once.
+        if (reducer_) reducer_->defer_to_end_of_backward();
+      }
+      unshard("forward");
+      if (options_.forward_prefetch) scheduler_->prefetch_next(forward_index_);
+    } catch (...) {
+      pop_activity();  // post_forward will not run (e.g. the memory budget refused the gather)
+      throw;
+    }
   }
-  follow_requires_grad();
-  training_state_ = TrainingState::kForward;
-  forward_index_ = scheduler_->record_use(this);
-  unshard("forward");
-  if (options_.forward_prefetch) scheduler_->prefetch_next(forward_index_);
   const auto& mp = options_.mixed_precision;
   if (mp.buffer_dtype) {
     if (!buffer_cast_) buffer_cast_ = std::make_unique<detail::BufferCast>();
@@ -316,7 +352,10 @@ std::vector<at::Tensor> FSDPUnit::post_forward(std::vector<at::Tensor> outputs) 
              "post-forward in state ", to_string(training_state_), ", expected FORWARD");
   const bool grad = at::GradMode::is_enabled();
   if (buffer_cast_ && buffer_cast_->active()) buffer_cast_->end();
-  if (!grad || (reshard_after_forward() && !is_root())) reshard();
+  // A recomputed use keeps its params: its nested backward follows at once.
+  const bool recomputing = detail::replaying_region() != nullptr;
+  if (!grad || (reshard_after_forward() && !is_root() && !recomputing)) reshard();
+  pop_activity();
   training_state_ = TrainingState::kIdle;
   if (grad) outputs = register_pre_backward(*this, forward_index_, std::move(outputs));
   if (const auto& dtype = options_.mixed_precision.output_dtype) {
@@ -332,6 +371,7 @@ void FSDPUnit::abort_forward() {
   if (training_state_ != TrainingState::kForward) return;
   if (buffer_cast_ && buffer_cast_->active()) buffer_cast_->end();
   training_state_ = TrainingState::kIdle;
+  pop_activity();
   if (is_root() && scheduler_->in_forward()) scheduler_->end_forward(/*grad_enabled=*/false);
 }
 
@@ -341,6 +381,7 @@ void FSDPUnit::pre_backward(int64_t forward_index) {
   FSDP_CHECK(training_state_ == TrainingState::kIdle || training_state_ == TrainingState::kPreBackward,
              ErrorKind::kState, where("backward"), "pre-backward in state ", to_string(training_state_),
              ", expected IDLE (was the unit's forward run twice without backward in between?)");
+  exchange_activity(Activity{name_.c_str(), "backward"});
   training_state_ = TrainingState::kPreBackward;
   backward_active_ = true;
   unshard("backward");
@@ -351,6 +392,7 @@ void FSDPUnit::post_backward() {
   FSDP_CHECK(training_state_ == TrainingState::kPreBackward, ErrorKind::kState, where("backward"),
              "post-backward in state ", to_string(training_state_), ", expected PRE_BACKWARD");
   training_state_ = TrainingState::kPostBackward;
+  exchange_activity(Activity{name_.c_str(), "post-backward"});
   // Buckets reduce from the AccumulateGrad hooks; what is left goes at the end of backward (a
   // parameter used again earlier in the graph may still get gradient).
   if (!reduce_index_.empty() && requires_gradient_sync_ && traits_->grad_sync == detail::GradSync::kReduceScatter) {
@@ -361,6 +403,7 @@ void FSDPUnit::post_backward() {
   }
   reshard();
   training_state_ = TrainingState::kIdle;
+  exchange_activity(Activity{nullptr, "backward"});
 }
 
 void FSDPUnit::finish_reduce_scatter() {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "fsdp/common/activity.h"
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/fsdp_unit.h"
 
@@ -121,6 +122,7 @@ void Scheduler::reduce_accumulated(const std::vector<std::shared_ptr<FSDPUnit>>&
 
 void Scheduler::final_callback() {
   callback_queued_ = false;
+  const ActivityScope activity(nullptr, "end of backward");
   // Units whose post-backward hook could not run (their inputs need no gradient, e.g. the root
   // taking token ids) reduce here.
   const auto alive = units();
