@@ -4,7 +4,12 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/tensor.h>
 
+#include <sched.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -51,7 +56,17 @@ models::GPTConfig resolve_model(const TrainConfig& c, int64_t vocab_size) {
   return m;
 }
 
-fsdp::FullyShardOptions resolve_fsdp_options(const TrainConfig& c) {
+int resolve_threads(const TrainConfig& c) {
+  if (c.threads > 0) return c.threads;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+    throw std::runtime_error(std::string("--threads auto: sched_getaffinity failed: ") + std::strerror(errno));
+  }
+  return std::max(1, CPU_COUNT(&set));
+}
+
+fsdp::FullyShardOptions resolve_fsdp_options(const TrainConfig& c, const fsdp::comm::ProcessGroup& group) {
   fsdp::FullyShardOptions o;
   try {
     o.strategy = fsdp::parse_sharding_strategy(c.strategy);
@@ -69,7 +84,15 @@ fsdp::FullyShardOptions resolve_fsdp_options(const TrainConfig& c) {
     if (o.strategy != fsdp::ShardingStrategy::kHybridShard) {
       throw UsageError("--hybrid-shard-group-size applies to --strategy hybrid_shard only, not " + c.strategy);
     }
-    o.hybrid_shard_group_size = *c.hybrid_shard_group_size;
+    if (*c.hybrid_shard_group_size == "host") {
+      try {
+        o.hybrid_shard_group_size = fsdp::comm::uniform_ranks_per_host(group);
+      } catch (const fsdp::Error& e) {
+        throw UsageError(std::string("--hybrid-shard-group-size host: ") + e.what());
+      }
+    } else {
+      o.hybrid_shard_group_size = std::stoi(*c.hybrid_shard_group_size);
+    }
   }
   if (c.bucket_cap_mb) {
     if (o.strategy != fsdp::ShardingStrategy::kNoShard) {

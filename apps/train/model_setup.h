@@ -31,9 +31,15 @@ BatchGeometry resolve_batch(const TrainConfig& c, int world_size);
 models::GPTConfig resolve_model(const TrainConfig& c, int64_t vocab_size);
 
 /// The options of every block unit: strategy, mixed precision (param and reduce dtype bf16/fp16),
-/// forward prefetch, hybrid shard group size, bucket size in bytes. Throws UsageError for a
-/// strategy the library does not know.
-fsdp::FullyShardOptions resolve_fsdp_options(const TrainConfig& c);
+/// forward prefetch, hybrid shard group size ("host": group.host_of_ranks()' ranks per host),
+/// bucket size in bytes. Not collective. Throws UsageError (the same on every rank) for a strategy
+/// the library does not know, or for "host" when the hosts hold different numbers of ranks or
+/// non-consecutive ranks.
+fsdp::FullyShardOptions resolve_fsdp_options(const TrainConfig& c, const fsdp::comm::ProcessGroup& group);
+
+/// Intra-op threads for --threads c.threads: c.threads itself, or for 0 (auto) the number of CPUs
+/// in this process's affinity mask (at least 1). Not collective.
+int resolve_threads(const TrainConfig& c);
 
 /// The root unit's options (embeddings, final LayerNorm, tied head): the blocks' options, with
 /// fp32 outputs under mixed precision so that the logits and the loss are fp32.

@@ -3,6 +3,7 @@
 
 #include <ATen/ops/tensor.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <stdexcept>
@@ -126,7 +127,7 @@ json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& 
       {"data_dir", c.data_dir}, {"tokenizer", f.tokenizer_path},
       {"train_tokens", f.train_tokens}, {"val_tokens", f.val_tokens},
       {"strategy", f.strategy}, {"mixed_precision", c.mixed_precision},
-      {"threads", c.threads},
+      {"threads", f.threads},
       {"global_batch_size", c.global_batch_size}, {"micro_batch_size", f.micro_batch_size},
       {"accumulation_steps", f.accumulation_steps}, {"seq_len", c.seq_len},
       {"tokens_per_step", c.global_batch_size * c.seq_len},
@@ -148,7 +149,9 @@ json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& 
       {"resume", c.resume}, {"resumed_from", f.resumed_from}, {"start_step", f.start_step},
       {"load_s", f.load_s}, {"export", c.export_path}, {"import", c.import_path},
       {"import_s", f.import_s},
-      {"world_size", f.world_size}, {"num_params", f.num_params},
+      {"world_size", f.world_size}, {"host_of_ranks", f.host_of_ranks},
+      {"num_hosts", f.host_of_ranks.empty() ? 0 : 1 + *std::max_element(f.host_of_ranks.begin(), f.host_of_ranks.end())},
+      {"num_params", f.num_params},
       {"heap_retained", f.heap_retained}};
   e["cpu"] = {{"model", cpu.model},
               {"capability", cpu.capability},
@@ -191,6 +194,7 @@ json comm_delta(const fsdp::comm::CommStats::Snapshot& before,
                 const fsdp::comm::CommStats::Snapshot& after) {
   using K = fsdp::comm::CollectiveKind;
   json j;
+  int64_t intra = 0, inter = 0;
   for (auto [k, name] : {std::pair{K::kAllGather, "all_gather"},
                          std::pair{K::kReduceScatter, "reduce_scatter"},
                          std::pair{K::kAllReduce, "all_reduce"},
@@ -201,7 +205,13 @@ json comm_delta(const fsdp::comm::CommStats::Snapshot& before,
     j[std::string(name) + "_bytes"] = a.bytes - b.bytes;
     j[std::string(name) + "_calls"] = a.calls - b.calls;
     j[std::string(name) + "_busy_s"] = a.busy_s - b.busy_s;
+    j[std::string(name) + "_intra_host_bytes"] = a.intra_host_bytes - b.intra_host_bytes;
+    j[std::string(name) + "_inter_host_bytes"] = a.inter_host_bytes - b.inter_host_bytes;
+    intra += a.intra_host_bytes - b.intra_host_bytes;
+    inter += a.inter_host_bytes - b.inter_host_bytes;
   }
+  j["intra_host_bytes"] = intra;
+  j["inter_host_bytes"] = inter;
   return j;
 }
 

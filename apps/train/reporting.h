@@ -137,6 +137,8 @@ struct RunFacts {
   // Parallelism and batch.
   std::string backend;
   int world_size = 1;
+  std::vector<int> host_of_ranks;  ///< ProcessGroup::host_of_ranks of the world group
+  int threads = 1;                 ///< intra-op threads per rank, --threads resolved
   std::string strategy;
   bool forward_prefetch = false;
   int hybrid_shard_group_size = 0;
@@ -161,7 +163,9 @@ void print_start(Console& console, const TrainConfig& c, const RunFacts& f,
                  const fsdp::CpuInfo& cpu);
 
 /// This rank's CommStats delta between two snapshots ("comm" of a step event): {kind}_bytes,
-/// {kind}_calls and {kind}_busy_s for all_gather, reduce_scatter, all_reduce, broadcast, barrier.
+/// {kind}_calls, {kind}_busy_s, {kind}_intra_host_bytes and {kind}_inter_host_bytes for
+/// all_gather, reduce_scatter, all_reduce, broadcast, barrier, and intra_host_bytes /
+/// inter_host_bytes summed over them (the host split of [Note: host traffic] in comm_stats.h).
 nlohmann::json comm_delta(const fsdp::comm::CommStats::Snapshot& before,
                           const fsdp::comm::CommStats::Snapshot& after);
 

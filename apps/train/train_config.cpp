@@ -119,16 +119,38 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
                  "Unsharded param and gradient-reduction dtype (master weights and optimizer state "
                  "stay fp32)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->group("Parallelism");
-  app.add_option("--threads", c.threads, "Intra-op CPU threads per rank (at::set_num_threads)")
-      ->check(positive)->group("Parallelism");
+  app.add_option_function<std::string>(
+         "--threads",
+         [&c](const std::string& v) {
+           if (v == "auto") {
+             c.threads = 0;
+           } else if (!v.empty() && v.size() < 6 && v.find_first_not_of("0123456789") == std::string::npos &&
+                      std::stoi(v) > 0) {
+             c.threads = std::stoi(v);
+           } else {
+             throw CLI::ValidationError("--threads", "expected a positive integer or auto, got '" + v + "'");
+           }
+         },
+         "Intra-op CPU threads per rank (at::set_num_threads): a number, or auto = the CPUs this "
+         "rank may run on (its affinity mask: 1 with mpirun --bind-to core, a socket's cores with "
+         "--map-by socket --bind-to socket). Default 1, or FSDP_THREADS")
+      ->envname("FSDP_THREADS")->group("Parallelism");
   app.add_option("--forward-prefetch", c.forward_prefetch,
                  "Issue the next unit's all-gather at each pre-forward (true|false)")
       ->group("Parallelism");
   app.add_option("--hybrid-shard-group-size", c.hybrid_shard_group_size,
-                 "hybrid_shard: ranks per shard group (consecutive ranks, a simulated node); must "
-                 "divide the world size; 0 = all ranks (then hybrid_shard equals full_shard). "
-                 "Default 0; an error with another strategy")
-      ->check(CLI::NonNegativeNumber)->group("Parallelism");
+                 "hybrid_shard: ranks per shard group (consecutive ranks); must divide the world "
+                 "size; 0 = all ranks (then hybrid_shard equals full_shard); host = one shard "
+                 "group per host (every host must hold the same number of consecutive ranks). "
+                 "Default 0, or FSDP_HYBRID_SHARD_GROUP_SIZE; an error with another strategy")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "host") return "";
+            if (!v.empty() && v.size() < 9 && v.find_first_not_of("0123456789") == std::string::npos) return "";
+            return "expected a non-negative integer or host, got '" + v + "'";
+          },
+          "INT|host"))
+      ->envname("FSDP_HYBRID_SHARD_GROUP_SIZE")->group("Parallelism");
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb,
                  "no_shard: gradient all-reduce bucket size in MiB (issued during backward). "
                  "Default 25; an error with another strategy")

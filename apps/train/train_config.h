@@ -23,11 +23,14 @@ struct TrainConfig {
   // Parallelism
   std::string strategy = "full_shard";
   std::string mixed_precision = "fp32";  ///< fp32 | bf16 | fp16
-  int threads = 1;                       ///< intra-op threads per rank
+  /// intra-op threads per rank; 0 (--threads auto) = the CPUs this process may run on (its
+  /// affinity mask, as the launcher bound it)
+  int threads = 1;
   bool forward_prefetch = true;          ///< FullyShardOptions::forward_prefetch of every unit
-  /// hybrid_shard only: ranks per shard group; 0 = all ranks (unset: 0). Set with another strategy:
-  /// a usage error.
-  std::optional<int> hybrid_shard_group_size;
+  /// hybrid_shard only: ranks per shard group, a number (0 = all ranks; unset: 0) or "host" (one
+  /// shard group per host, resolved from the process group's host layout). Set with another
+  /// strategy: a usage error.
+  std::optional<std::string> hybrid_shard_group_size;
   /// no_shard only: all-reduce bucket size in MiB (unset: 25). Set with another strategy: a usage
   /// error.
   std::optional<double> bucket_cap_mb;

@@ -111,11 +111,12 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
       console_(rank_,
                c.progress == "bar" || (c.progress == "auto" && ::isatty(STDOUT_FILENO) != 0)),
       batch_(resolve_batch(c, world_)),
-      fsdp_options_(resolve_fsdp_options(c)),
+      fsdp_options_(resolve_fsdp_options(c, *group_)),
       root_options_(root_options_of(fsdp_options_)),
       loss_scaling_(c.mixed_precision == "fp16"),
       trace_(rank_, !c.trace.empty()) {
-  at::set_num_threads(cfg_.threads);
+  facts_.threads = resolve_threads(cfg_);
+  at::set_num_threads(facts_.threads);
   // Data: rank 0 tokenizes first (a barrier).
   facts_.tokenizer_path = tokenizer_path(cfg_);
   tokenizer_ = std::make_unique<data::Tokenizer>(facts_.tokenizer_path);
@@ -161,6 +162,7 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   facts_.val_tokens = corpus_.val->size();
   facts_.backend = group_->backend_name();
   facts_.world_size = world_;
+  facts_.host_of_ranks = group_->host_of_ranks();
   facts_.strategy = fsdp::to_string(fsdp_options_.strategy);
   facts_.forward_prefetch = fsdp_options_.forward_prefetch;
   facts_.hybrid_shard_group_size = fsdp_options_.hybrid_shard_group_size;

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "fsdp/common/check.h"
+
 namespace fsdp::comm {
 
 const char* to_string(CollectiveKind kind) {
@@ -21,11 +23,28 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
 }
 
-void CommStats::record_issue(CollectiveKind kind, int64_t bytes) {
+HostSplit split_by_host(CollectiveKind kind, int64_t bytes, int group_size, int ranks_on_host) {
+  FSDP_CHECK(group_size >= 1 && ranks_on_host >= 1 && ranks_on_host <= group_size && bytes >= 0,
+             ErrorKind::kInvalidArgument, (ErrorContext{-1, "", "split_by_host"}),
+             "expected 1 <= ranks_on_host <= group_size and bytes >= 0, got ranks_on_host ",
+             ranks_on_host, ", group_size ", group_size, ", bytes ", bytes);
+  if (group_size == 1 || kind == CollectiveKind::kBarrier) return {};
+  const int64_t n = group_size;
+  const int64_t factor = kind == CollectiveKind::kAllReduce ? 2 : 1;
+  // V = factor * S * (N-1) / N; intra = V (m-1)/(N-1) = factor * S (m-1) / N.
+  HostSplit s;
+  s.intra_host_bytes = factor * bytes * (ranks_on_host - 1) / n;
+  s.inter_host_bytes = factor * bytes * (n - ranks_on_host) / n;
+  return s;
+}
+
+void CommStats::record_issue(CollectiveKind kind, int64_t bytes, HostSplit split) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& e = entries_[static_cast<int>(kind)];
   e.calls += 1;
   e.bytes += bytes;
+  e.intra_host_bytes += split.intra_host_bytes;
+  e.inter_host_bytes += split.inter_host_bytes;
 }
 
 void CommStats::record_time(CollectiveKind kind, double start_s, double end_s, int64_t bytes,

@@ -148,6 +148,23 @@ MpiBackend::MpiBackend(MPI_Comm comm) : comm_(comm) {
   check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  // Host of each rank: the lowest rank of its shared-memory (node) communicator, renumbered
+  // 0, 1, ... in rank order.
+  MPI_Comm node;
+  check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+            "MPI_Comm_split_type", rank_);
+  int leader = rank_;
+  const int rc = MPI_Allreduce(&rank_, &leader, 1, MPI_INT, MPI_MIN, node);
+  MPI_Comm_free(&node);
+  check_mpi(rc, "MPI_Allreduce", rank_);
+  std::vector<int> leaders(static_cast<size_t>(size_));
+  check_mpi(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, comm_), "MPI_Allgather", rank_);
+  std::vector<int> id_of_leader(static_cast<size_t>(size_), -1);
+  int next = 0;
+  for (int l : leaders) {
+    if (id_of_leader[static_cast<size_t>(l)] < 0) id_of_leader[static_cast<size_t>(l)] = next++;
+    host_of_ranks_.push_back(id_of_leader[static_cast<size_t>(l)]);
+  }
 }
 
 MpiBackend::~MpiBackend() {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 
 #include "fsdp/common/activity.h"
 #include "fsdp/common/check.h"
@@ -83,6 +84,13 @@ ProcessGroup::ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions
              "the backend is null");
   FSDP_CHECK(size_ >= 1 && rank_ >= 0 && rank_ < size_, ErrorKind::kInvalidArgument,
              (ErrorContext{rank_, "", "ProcessGroup"}), "invalid backend: rank ", rank_, " of size ", size_);
+  host_of_ranks_ = backend_->host_of_ranks();
+  FSDP_CHECK(static_cast<int>(host_of_ranks_.size()) == size_, ErrorKind::kInvalidArgument,
+             (ErrorContext{rank_, "", "ProcessGroup"}), "invalid backend: ", host_of_ranks_.size(),
+             " host entries for ", size_, " ranks");
+  num_hosts_ = 1 + *std::max_element(host_of_ranks_.begin(), host_of_ranks_.end());
+  ranks_on_my_host_ = static_cast<int>(
+      std::count(host_of_ranks_.begin(), host_of_ranks_.end(), host_of_ranks_[static_cast<size_t>(rank_)]));
   FSDP_CHECK(options_.timeout_s > 0 && options_.abort_grace_s >= 0, ErrorKind::kInvalidArgument,
              (ErrorContext{rank_, "", "ProcessGroup"}), "timeout_s must be > 0 and abort_grace_s >= 0, got ",
              options_.timeout_s, " and ", options_.abort_grace_s);
@@ -277,7 +285,7 @@ WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn) {
   if (d.tag) rec.tag = *d.tag;
   rec.issue_s = now_s();
   op.record_id = recorder_->add(std::move(rec));
-  if (op.counted) stats_->record_issue(d.kind, op.bytes);
+  if (op.counted) stats_->record_issue(d.kind, op.bytes, split_by_host(d.kind, op.bytes, size_, ranks_on_my_host_));
   op.fn = std::move(fn);
   op.work = work;
   if (size_ == 1) {
@@ -469,6 +477,29 @@ void ProcessGroup::all_reduce_low_precision(const at::Tensor& tensor, ReduceOp o
   reduce_scatter_low_precision(mine, padded, op);
   backend_->all_gather(padded, mine);
   tensor.view(-1).copy_(padded.narrow(0, 0, m));
+}
+
+int uniform_ranks_per_host(const ProcessGroup& group) {
+  const std::vector<int>& hosts = group.host_of_ranks();
+  const int n = group.size();
+  const int k = n / group.num_hosts();
+  bool ok = k * group.num_hosts() == n;
+  for (int r = 0; ok && r < n; ++r) ok = hosts[static_cast<size_t>(r)] == r / k;
+  if (!ok) {
+    std::ostringstream layout;
+    for (int h = 0; h < group.num_hosts(); ++h) {
+      layout << (h ? "; " : "") << "host " << h << ": ranks";
+      for (int r = 0; r < n; ++r) {
+        if (hosts[static_cast<size_t>(r)] == h) layout << ' ' << r;
+      }
+    }
+    FSDP_CHECK(false, ErrorKind::kUnsupported, (ErrorContext{group.rank(), "", "uniform_ranks_per_host"}),
+               "expected the same number of consecutive ranks on every host (one shard group per host), "
+               "got ", group.size(), " ranks on ", group.num_hosts(), " hosts (", layout.str(),
+               "); launch the same number of ranks per host, mapped by slot (mpirun -npernode K, "
+               "srun --ntasks-per-node K)");
+  }
+  return k;
 }
 
 std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& mine, const OpTag& tag) {

@@ -20,7 +20,8 @@ namespace {
 // Shared state of one threaded world: a cyclic barrier and one slot per rank through which ranks
 // publish the tensor of the current op. Every op is: publish, barrier, read others, barrier.
 struct ThreadedWorld {
-  explicit ThreadedWorld(int n) : size(n), slots(n), colors(n), keys(n) {}
+  ThreadedWorld(int n, std::vector<int> host_ids)
+      : size(n), hosts(std::move(host_ids)), slots(n), colors(n), keys(n) {}
 
   // Waits until every rank arrived; throws fsdp::Error (kTimeout) past deadline_s (the world is
   // unusable afterwards, as an MPI communicator with a timed-out collective).
@@ -48,6 +49,7 @@ struct ThreadedWorld {
   }
 
   int size;
+  std::vector<int> hosts;  // host of each rank, numbered as Backend::host_of_ranks()
   std::mutex mu;
   std::condition_variable cv;
   int arrived = 0;
@@ -59,6 +61,14 @@ struct ThreadedWorld {
 };
 
 at::Tensor flat(const at::Tensor& t) { return t.reshape({-1}); }
+
+// Renumbers host labels 0, 1, ... in the order of each host's first rank.
+std::vector<int> dense_hosts(const std::vector<int>& labels) {
+  std::map<int, int> id;
+  std::vector<int> out;
+  for (int l : labels) out.push_back(id.emplace(l, static_cast<int>(id.size())).first->second);
+  return out;
+}
 
 at::Tensor combine(const at::Tensor& a, const at::Tensor& b, ReduceOp op) {
   switch (op) {
@@ -78,6 +88,7 @@ class ThreadedBackend final : public Backend {
   int size() const override { return world_->size; }
   c10::DeviceType device_type() const override { return c10::DeviceType::CPU; }
   int64_t max_elements() const override { return std::numeric_limits<int64_t>::max(); }
+  const std::vector<int>& host_of_ranks() const override { return world_->hosts; }
 
   void all_gather(const at::Tensor& output, const at::Tensor& input) override {
     exchange(input, [&](ThreadedWorld& w) {
@@ -141,7 +152,10 @@ class ThreadedBackend final : public Backend {
     });
     if (rank_ == *std::min_element(members.begin(), members.end())) {
       std::lock_guard<std::mutex> lock(w.mu);
-      w.split_result[color] = {std::make_shared<ThreadedWorld>(static_cast<int>(members.size())), members};
+      std::vector<int> member_hosts;
+      for (int m : members) member_hosts.push_back(w.hosts[static_cast<size_t>(m)]);
+      w.split_result[color] = {
+          std::make_shared<ThreadedWorld>(static_cast<int>(members.size()), dense_hosts(member_hosts)), members};
     }
     wait_all();
     std::shared_ptr<ThreadedWorld> sub;
@@ -180,9 +194,18 @@ class ThreadedBackend final : public Backend {
 }  // namespace
 
 std::vector<ProcessGroupPtr> threaded_world(int world_size, ProcessGroupOptions options) {
+  return threaded_world(world_size, world_size, std::move(options));
+}
+
+std::vector<ProcessGroupPtr> threaded_world(int world_size, int ranks_per_host, ProcessGroupOptions options) {
   FSDP_CHECK(world_size >= 1, ErrorKind::kInvalidArgument, (ErrorContext{-1, "", "threaded_world"}),
              "world size must be >= 1, got ", world_size);
-  auto world = std::make_shared<ThreadedWorld>(world_size);
+  FSDP_CHECK(ranks_per_host >= 1 && world_size % ranks_per_host == 0, ErrorKind::kInvalidArgument,
+             (ErrorContext{-1, "", "threaded_world"}), "ranks_per_host must be >= 1 and divide the world size ",
+             world_size, ", got ", ranks_per_host);
+  std::vector<int> hosts;
+  for (int r = 0; r < world_size; ++r) hosts.push_back(r / ranks_per_host);
+  auto world = std::make_shared<ThreadedWorld>(world_size, std::move(hosts));
   std::vector<ProcessGroupPtr> groups;
   for (int r = 0; r < world_size; ++r) {
     groups.push_back(std::make_shared<ProcessGroup>(std::make_unique<ThreadedBackend>(world, r), options, "world"));

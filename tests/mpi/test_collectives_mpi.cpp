@@ -1,5 +1,11 @@
 // Tier `mpi`: every collective on the MPI backend, closed-form results.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "../common/collective_cases.h"
 #include "mpi_world.h"
@@ -7,4 +13,54 @@
 TEST(MpiCollectives, ClosedFormAllOps) {
   fsdp_test::check_all_collectives(*fsdp_test::world());
   fsdp_test::check_validation(*fsdp_test::world());
+}
+
+// The host layout MPI reports (ProcessGroup::host_of_ranks) against two independent sources: the
+// host names of the ranks (gethostname; test hosts have their own) and the launcher's count of
+// ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE). Split groups inherit the layout of their
+// members, and the stats' host split follows it. Under plain `mpirun -n N` every rank is on one
+// host; tests/multi_host runs this on 2 test hosts x 2 ranks.
+TEST(MpiHosts, LayoutMatchesHostNamesAndTheLauncher) {
+  auto& world = *fsdp_test::world();
+  char name[256] = {0};
+  ASSERT_EQ(gethostname(name, sizeof(name) - 1), 0);
+  const std::vector<std::string> names = fsdp::comm::all_gather_strings(world, name);
+  const std::vector<int>& hosts = world.host_of_ranks();
+  ASSERT_EQ(static_cast<int>(hosts.size()), world.size());
+  for (int a = 0; a < world.size(); ++a) {
+    for (int b = 0; b < world.size(); ++b) {
+      EXPECT_EQ(hosts[a] == hosts[b], names[a] == names[b])
+          << "ranks " << a << " (" << names[a] << ") and " << b << " (" << names[b] << ")";
+    }
+  }
+  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) {
+    EXPECT_EQ(world.ranks_on_my_host(), std::atoi(local));
+  }
+  // One rank of each host position: {ranks with the same index on their host}.
+  int index_on_host = 0;
+  for (int r = 0; r < world.rank(); ++r) index_on_host += hosts[r] == world.host();
+  auto across = world.split(index_on_host, world.rank());
+  std::vector<int> member_hosts;
+  for (int r = 0; r < world.size(); ++r) {
+    int idx = 0;
+    for (int q = 0; q < r; ++q) idx += hosts[q] == hosts[r];
+    if (idx == index_on_host) member_hosts.push_back(hosts[r]);
+  }
+  std::vector<int> order, dense;  // renumbered in order of first appearance
+  for (int h : member_hosts) {
+    auto it = std::find(order.begin(), order.end(), h);
+    if (it == order.end()) it = order.insert(order.end(), h);
+    dense.push_back(static_cast<int>(it - order.begin()));
+  }
+  EXPECT_EQ(across->host_of_ranks(), dense);
+  auto inside = world.split(world.host(), world.rank());
+  EXPECT_EQ(inside->num_hosts(), 1);
+  EXPECT_EQ(inside->size(), world.ranks_on_my_host());
+  // Stats: an all-gather of 1000 floats per rank over the world group.
+  const auto before = world.stats().snapshot()[static_cast<int>(fsdp::comm::CollectiveKind::kAllGather)];
+  auto out = at::zeros({1000 * world.size()}, at::kFloat);
+  world.all_gather_into_tensor(out, at::ones({1000}, at::kFloat))->wait();
+  const auto after = world.stats().snapshot()[static_cast<int>(fsdp::comm::CollectiveKind::kAllGather)];
+  EXPECT_EQ(after.intra_host_bytes - before.intra_host_bytes, 4000 * (world.ranks_on_my_host() - 1));
+  EXPECT_EQ(after.inter_host_bytes - before.inter_host_bytes, 4000 * (world.size() - world.ranks_on_my_host()));
 }

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "fsdp/comm/process_group.h"
+#include "fsdp/comm/threaded_backend.h"
 #include "fsdp/common/check.h"
 
 using fsdp::comm::Backend;
@@ -39,6 +40,7 @@ class FakeBackend final : public Backend {
   int size() const override { return 2; }
   c10::DeviceType device_type() const override { return c10::DeviceType::CPU; }
   int64_t max_elements() const override { return 1000; }
+  const std::vector<int>& host_of_ranks() const override { return hosts_; }
   void all_gather(const at::Tensor& out, const at::Tensor& in) override { out.view(-1).copy_(in.view(-1).repeat(2)); }
   void reduce_scatter(const at::Tensor&, const at::Tensor&, ReduceOp) override {}
   void all_reduce(const at::Tensor& t, ReduceOp) override {
@@ -62,6 +64,7 @@ class FakeBackend final : public Backend {
  private:
   Probe& probe_;
   std::chrono::milliseconds delay_;
+  std::vector<int> hosts_{0, 0};
 };
 
 }  // namespace
@@ -131,4 +134,107 @@ TEST(ProcessGroup, DestructionFinishesQueuedOpsBeforeTheBackendGoes) {
     w->wait();
   }
   for (auto& t : ts) EXPECT_TRUE(at::equal(t, at::full({2}, 2.0)));
+}
+
+// [Note: host traffic]: the per-rank split of a collective's peer volume by host, exact values.
+TEST(HostSplit, FormulaPerKind) {
+  using fsdp::comm::CollectiveKind;
+  using fsdp::comm::split_by_host;
+  // 4 ranks, 2 per host, 4000 logical bytes: V = 3000 (all-gather), of which 1/3 from the host.
+  auto ag = split_by_host(CollectiveKind::kAllGather, 4000, 4, 2);
+  EXPECT_EQ(ag.intra_host_bytes, 1000);
+  EXPECT_EQ(ag.inter_host_bytes, 2000);
+  auto rs = split_by_host(CollectiveKind::kReduceScatter, 4000, 4, 2);
+  EXPECT_EQ(rs.intra_host_bytes, 1000);
+  EXPECT_EQ(rs.inter_host_bytes, 2000);
+  auto ar = split_by_host(CollectiveKind::kAllReduce, 4000, 4, 2);  // V = 2 x 3000
+  EXPECT_EQ(ar.intra_host_bytes, 2000);
+  EXPECT_EQ(ar.inter_host_bytes, 4000);
+  // One rank per host (hybrid_shard's replicate group of 2): everything crosses.
+  auto rep = split_by_host(CollectiveKind::kAllReduce, 4000, 2, 1);
+  EXPECT_EQ(rep.intra_host_bytes, 0);
+  EXPECT_EQ(rep.inter_host_bytes, 4000);
+  // All on one host: nothing crosses.
+  auto local = split_by_host(CollectiveKind::kAllGather, 4000, 4, 4);
+  EXPECT_EQ(local.intra_host_bytes, 3000);
+  EXPECT_EQ(local.inter_host_bytes, 0);
+  EXPECT_EQ(split_by_host(CollectiveKind::kBarrier, 0, 4, 2).inter_host_bytes, 0);
+  EXPECT_EQ(split_by_host(CollectiveKind::kAllGather, 4000, 1, 1).intra_host_bytes, 0);
+  EXPECT_THROW(split_by_host(CollectiveKind::kAllGather, 4000, 4, 5), fsdp::Error);
+  EXPECT_THROW(split_by_host(CollectiveKind::kAllGather, -1, 4, 2), fsdp::Error);
+}
+
+// Threaded ranks on pretend hosts: the layout, the split groups' layouts, the stats' split and the
+// per-host rule of hybrid_shard.
+TEST(HostSplit, ThreadedHostsLayoutSplitsAndStats) {
+  auto world = fsdp::comm::threaded_world(4, 2);
+  EXPECT_EQ(world[0]->host_of_ranks(), (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(world[3]->num_hosts(), 2);
+  EXPECT_EQ(world[3]->host(), 1);
+  EXPECT_EQ(world[3]->ranks_on_my_host(), 2);
+  EXPECT_EQ(fsdp::comm::uniform_ranks_per_host(*world[1]), 2);
+  std::vector<std::shared_ptr<ProcessGroup>> across(4), inside(4);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      across[r] = world[r]->split(r % 2, r);  // {0, 2}, {1, 3}: one rank per host
+      inside[r] = world[r]->split(r / 2, r);  // {0, 1}, {2, 3}: one host
+      auto out = at::zeros({4 * 250}, at::kFloat);
+      world[r]->all_gather_into_tensor(out, at::ones({250}, at::kFloat))->wait();
+      auto t = at::ones({100}, at::kFloat);
+      across[r]->all_reduce(t)->wait();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(across[2]->host_of_ranks(), (std::vector<int>{0, 1}));
+  EXPECT_EQ(inside[2]->host_of_ranks(), (std::vector<int>{0, 0}));
+  EXPECT_EQ(inside[2]->num_hosts(), 1);
+  const auto snap = world[0]->stats().snapshot();  // the family: world and its splits
+  const auto& ag = snap[static_cast<int>(fsdp::comm::CollectiveKind::kAllGather)];
+  const auto& ar = snap[static_cast<int>(fsdp::comm::CollectiveKind::kAllReduce)];
+  EXPECT_EQ(ag.bytes, 4000);
+  EXPECT_EQ(ag.intra_host_bytes, 1000);  // rank 1's block
+  EXPECT_EQ(ag.inter_host_bytes, 2000);  // ranks 2 and 3's blocks
+  EXPECT_EQ(ar.bytes, 400);
+  EXPECT_EQ(ar.intra_host_bytes, 0);
+  EXPECT_EQ(ar.inter_host_bytes, 400);
+  auto one_host = fsdp::comm::threaded_world(3);
+  EXPECT_EQ(one_host[2]->host_of_ranks(), (std::vector<int>{0, 0, 0}));
+  EXPECT_THROW(fsdp::comm::threaded_world(4, 3), fsdp::Error);
+}
+
+// Hosts with different numbers of ranks, or ranks not consecutive per host, cannot hold one
+// hybrid_shard shard group each: a clear error naming the layout.
+TEST(HostSplit, UnevenHostsAreRejectedForPerHostGroups) {
+  struct Uneven final : public Backend {
+    explicit Uneven(std::vector<int> h) : hosts(std::move(h)) {}
+    std::string name() const override { return "uneven"; }
+    int rank() const override { return 0; }
+    int size() const override { return static_cast<int>(hosts.size()); }
+    c10::DeviceType device_type() const override { return c10::DeviceType::CPU; }
+    int64_t max_elements() const override { return 1000; }
+    const std::vector<int>& host_of_ranks() const override { return hosts; }
+    void all_gather(const at::Tensor&, const at::Tensor&) override {}
+    void reduce_scatter(const at::Tensor&, const at::Tensor&, ReduceOp) override {}
+    void all_reduce(const at::Tensor&, ReduceOp) override {}
+    void all_to_all(const at::Tensor&, const at::Tensor&) override {}
+    void broadcast(const at::Tensor&, int) override {}
+    void barrier() override {}
+    std::unique_ptr<Backend> split(int, int) override { return nullptr; }
+    [[noreturn]] void abort_job(int) override { std::abort(); }
+    std::vector<int> hosts;
+  };
+  ProcessGroup three_one(std::make_unique<Uneven>(std::vector<int>{0, 0, 0, 1}));
+  try {
+    fsdp::comm::uniform_ranks_per_host(three_one);
+    ADD_FAILURE() << "3 + 1 ranks per host accepted";
+  } catch (const fsdp::Error& e) {
+    EXPECT_EQ(e.kind(), fsdp::ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("host 0: ranks 0 1 2; host 1: ranks 3"), std::string::npos) << e.what();
+  }
+  ProcessGroup interleaved(std::make_unique<Uneven>(std::vector<int>{0, 1, 0, 1}));
+  EXPECT_THROW(fsdp::comm::uniform_ranks_per_host(interleaved), fsdp::Error);
+  ProcessGroup even(std::make_unique<Uneven>(std::vector<int>{0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(fsdp::comm::uniform_ranks_per_host(even), 3);
+  EXPECT_EQ(even.ranks_on_my_host(), 3);
 }

@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace fsdp::comm {
 
@@ -42,6 +43,11 @@ class Backend {
   virtual c10::DeviceType device_type() const = 0;
   /// Largest numel() of one tensor argument (MPI counts are C ints).
   virtual int64_t max_elements() const = 0;
+  /// The host of every rank of the group (element r: rank r's host), numbered 0, 1, ... in the
+  /// order of each host's lowest rank. A host is what the transport treats as one machine (MPI:
+  /// MPI_COMM_TYPE_SHARED, i.e. the launcher's node; threads: as configured). Not collective:
+  /// known from construction on.
+  virtual const std::vector<int>& host_of_ranks() const = 0;
 
   /// output (size() * n elements) = concat over ranks r of rank r's input (n elements).
   virtual void all_gather(const at::Tensor& output, const at::Tensor& input) = 0;

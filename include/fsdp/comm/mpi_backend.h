@@ -29,6 +29,7 @@ ProcessGroupPtr mpi_world(const ProcessGroupOptions& options = ProcessGroupOptio
 class MpiBackend final : public Backend {
  public:
   /// Takes ownership of `comm` (a communicator of this process, e.g. from MPI_Comm_dup).
+  /// Collective over `comm` (finds which ranks share a host).
   explicit MpiBackend(MPI_Comm comm);
   ~MpiBackend() override;
 
@@ -37,6 +38,9 @@ class MpiBackend final : public Backend {
   int size() const override { return size_; }
   c10::DeviceType device_type() const override { return c10::DeviceType::CPU; }
   int64_t max_elements() const override;
+  /// Hosts as MPI sees them: ranks that share an MPI_COMM_TYPE_SHARED communicator (the same node
+  /// of the launcher, hence shared memory between them) are one host.
+  const std::vector<int>& host_of_ranks() const override { return host_of_ranks_; }
   MPI_Comm comm() const { return comm_; }
 
   void all_gather(const at::Tensor& output, const at::Tensor& input) override;
@@ -52,6 +56,7 @@ class MpiBackend final : public Backend {
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<int> host_of_ranks_;
 };
 
 }  // namespace fsdp::comm

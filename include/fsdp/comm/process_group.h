@@ -87,6 +87,16 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   const std::string& name() const { return name_; }
   const ProcessGroupOptions& options() const { return options_; }
 
+  /// The host of every rank of this group (element r: rank r's host), numbered 0, 1, ... in the
+  /// order of each host's lowest rank (Backend::host_of_ranks). Not collective.
+  const std::vector<int>& host_of_ranks() const { return host_of_ranks_; }
+  /// Number of distinct hosts among this group's ranks.
+  int num_hosts() const { return num_hosts_; }
+  /// This rank's host (an index of host_of_ranks()).
+  int host() const { return host_of_ranks_[static_cast<size_t>(rank_)]; }
+  /// Ranks of this group on this rank's host, this rank included.
+  int ranks_on_my_host() const { return ranks_on_my_host_; }
+
   /// output (size()*n elements) = concat over ranks r of rank r's input (n elements), rank-major.
   /// Shapes are free; only numel and dtype matter.
   WorkPtr all_gather_into_tensor(at::Tensor output, at::Tensor input, const OpTag& tag = {});
@@ -178,6 +188,9 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   ProcessGroupOptions options_;
   std::string name_;
   std::shared_ptr<Family> family_;
+  std::vector<int> host_of_ranks_;
+  int num_hosts_ = 1;
+  int ranks_on_my_host_ = 1;
   std::shared_ptr<CommStats> stats_;
   std::shared_ptr<FlightRecorder> recorder_;
   std::mutex mu_;
@@ -190,6 +203,12 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+/// Ranks per host of `group` when every host holds the same number of its ranks and each host's
+/// ranks are consecutive (ranks 0..k-1 on the first host, k..2k-1 on the next, ...), the layout
+/// hybrid_shard's per-host shard groups need. Throws fsdp::Error (kUnsupported) naming every
+/// host's ranks otherwise. Not collective (every rank computes the same answer).
+int uniform_ranks_per_host(const ProcessGroup& group);
 
 /// Every rank's `mine`, in rank order (element r is rank r's string; any lengths, any bytes).
 /// Collective and blocking over group: two all-gathers (the lengths as int64, then the bytes

@@ -14,7 +14,7 @@ inline ProcessGroupOptions threaded_defaults() {
   return o;
 }
 
-/// A world of world_size ranks whose ops exchange tensors through shared memory; element r is rank
+/// A world of world_size ranks on one host whose ops exchange tensors through shared memory; element r is rank
 /// r's group. Same semantics, call-order rule and validation as the MPI backend (CPU tensors, sums
 /// in rank order so that all ranks see bitwise the same all-reduce). A rank is typically driven by
 /// one std::thread; each group also runs its ops on its own communication thread. Not collective
@@ -22,5 +22,11 @@ inline ProcessGroupOptions threaded_defaults() {
 /// FSDP_FLIGHT_RECORDER_DIR apply, but a timeout fails the ops without aborting the process.
 /// Throws fsdp::Error for world_size < 1.
 std::vector<ProcessGroupPtr> threaded_world(int world_size, ProcessGroupOptions options = threaded_defaults());
+
+/// threaded_world(world_size, options) whose ranks pretend to sit on world_size / ranks_per_host
+/// hosts: ranks 0..ranks_per_host-1 on host 0, and so on (ProcessGroup::host_of_ranks, the host
+/// split of CommStats). Throws fsdp::Error unless ranks_per_host >= 1 divides world_size.
+std::vector<ProcessGroupPtr> threaded_world(int world_size, int ranks_per_host,
+                                            ProcessGroupOptions options = threaded_defaults());
 
 }  // namespace fsdp::comm

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Bytes on the links between test hosts, per training step, against the formula; step times.
+
+  bench/hosts/link_traffic.py --bin build/bin/fsdp-train --data-dir ./data [--rate 1gbit]
+      [--model gpt2] [--strategies full_shard,hybrid_shard,no_shard]
+
+Makes 2 test hosts (scripts/hosts.sh up 2 [RATE]), runs fsdp-train on 2 hosts x 2 ranks for 1
+and for 2 steps per strategy, and reports for each strategy:
+  * link bytes of one step: what host 1's interface received during the 2-step run minus during
+    the 1-step run (set-up, evaluation and shutdown cancel out);
+  * the formula: inter_host_bytes of step 2 of the metrics (rank 0; [Note: host traffic] in
+    include/fsdp/comm/comm_stats.h), and measured / (2 ranks x formula): 1.0 when every rank
+    fetches its own copy across the link (pairwise), 0.5 when each byte crosses once per host;
+  * step_time_s of step 2.
+Prints one Markdown table row per strategy. Needs root (network namespaces); the hosts are
+removed at the end, also after a failure.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HOSTS = os.path.join(HERE, "..", "..", "scripts", "hosts.sh")
+
+
+def counters(env):
+    out = subprocess.run(["bash", HOSTS, "counters"], env=env, text=True,
+                         stdout=subprocess.PIPE, check=True).stdout
+    return {l.split()[0]: int(l.split()[1]) for l in out.splitlines() if l.strip()}
+
+
+def steps(path):
+    with open(path) as f:
+        return [e for e in map(json.loads, f) if e.get("event") == "step"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--rate", default="", help="tbf rate of every host link, e.g. 1gbit")
+    ap.add_argument("--model", default="gpt2")
+    ap.add_argument("--strategies", default="full_shard,hybrid_shard,no_shard")
+    ap.add_argument("--batch", default="4", help="--global-batch-size")
+    ap.add_argument("--seq-len", default="64")
+    ap.add_argument("--only-2-steps", action="store_true",
+                    help="skip the 1-step runs (step times only, no link bytes)")
+    a = ap.parse_args()
+    prefix = "fsdpb"
+    tmp = tempfile.mkdtemp(prefix="fsdp-link-traffic-")
+    env = dict(os.environ, FSDP_HOSTS_PREFIX=prefix, FSDP_HOSTS_DIR=os.path.join(tmp, "hosts"),
+               OMP_NUM_THREADS="1")
+    subprocess.run(["bash", HOSTS, "up", "2"] + ([a.rate] if a.rate else []), env=env, check=True)
+    try:
+        with open(os.path.join(env["FSDP_HOSTS_DIR"], "mpirun_args")) as f:
+            mpirun_args = f.read().split()
+        print("| strategy | link | formula: inter_host_bytes per rank per step | measured: host 1 "
+              "received per step | measured / (2 ranks x formula) | step time (s) |")
+        print("|---|---|---|---|---|---|")
+        for strategy in a.strategies.split(","):
+            extra = ["--hybrid-shard-group-size", "host"] if strategy == "hybrid_shard" else []
+            rx = {}
+            last = None
+            for n in ((2,) if a.only_2_steps else (1, 2)):
+                m = os.path.join(tmp, "%s-%d.jsonl" % (strategy, n))
+                c0 = counters(env)
+                cmd = ["bash", HOSTS, "exec", prefix + "0", "mpirun", "--allow-run-as-root",
+                       "--bind-to", "none", "-x", "OMP_NUM_THREADS"] + mpirun_args + \
+                      ["-npernode", "2", os.path.abspath(a.bin), "--data-dir",
+                       os.path.abspath(a.data_dir), "--model", a.model, "--global-batch-size",
+                       a.batch, "--seq-len", a.seq_len, "--steps", str(n), "--eval-every", "0",
+                       "--eval-batches", "1", "--progress", "lines", "--strategy", strategy,
+                       "--metrics", m] + extra
+                p = subprocess.run(cmd, env=env, text=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT)
+                if p.returncode != 0:
+                    sys.stderr.write(p.stdout[-3000:])
+                    raise SystemExit("run failed: %s" % " ".join(cmd))
+                rx[n] = counters(env)[prefix + "1"] - c0[prefix + "1"]
+                last = steps(m)[-1]
+            formula = last["comm"]["inter_host_bytes"]
+            if a.only_2_steps:
+                measured, ratio = "-", "-"
+            else:
+                measured = "%.1f MB" % ((rx[2] - rx[1]) / 1e6)
+                ratio = "%.2f" % ((rx[2] - rx[1]) / (2 * formula))
+            print("| %s | %s | %.1f MB | %s | %s | %.1f |" % (
+                strategy, a.rate or "veth, no limit", formula / 1e6, measured, ratio,
+                last["step_time_s"]), flush=True)
+    finally:
+        subprocess.run(["bash", HOSTS, "down"], env=env)
+
+
+if __name__ == "__main__":
+    main()
