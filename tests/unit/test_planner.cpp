@@ -197,7 +197,7 @@ TEST(PlannerMemory, SevenBillionHeadline) {
   EXPECT_EQ(paper.total(), 16);
   EXPECT_EQ(fp::zero_paper_model_state_bytes(par(S::kNoShard, 8), 7e9, paper), 112e9);
   EXPECT_EQ(fp::zero_paper_model_state_bytes(par(S::kFullShard, 8), 7e9, paper), 14e9);
-  // ZeRO section 3's stages: P_os 4 + 12/N, P_os+g 2 + 14/N (bytes per param).
+  // ZeRO section 5's stages: P_os 4 + 12/N, P_os+g 2 + 14/N (bytes per param).
   EXPECT_EQ(fp::zero_paper_model_state_bytes(par(S::kZero1, 8), 7e9, paper), 7e9 * (4 + 12.0 / 8));
   EXPECT_EQ(fp::zero_paper_model_state_bytes(par(S::kShardGradOp, 8), 7e9, paper), 7e9 * (2 + 14.0 / 8));
   // Llama-2-7B (6.74B params): every dimension divides 8, so 16P/8 exactly.

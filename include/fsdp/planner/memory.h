@@ -55,13 +55,14 @@ struct BytesPerParam {
 /// The engine's kinds: fp32 master params 4 + fp32 grads 4 + optimizer state (AdamW 8) = 16 for
 /// every precision; bf16/fp16 only add transient unsharded copies (PeakBytes).
 BytesPerParam engine_bytes_per_param(Precision precision, OptimizerKind optimizer);
-/// ZeRO (Rajbhandari et al. 2020, section 3): mixed precision keeps 2-byte params and grads and K
-/// bytes of optimizer state, K = 12 for Adam (fp32 master copy 4 + momentum 4 + variance 4): 2 +
-/// 2 + 12 = 16. In fp32 there is no separate master copy: 4 + 4 + 8 (DESIGN.md's table).
+/// ZeRO (Rajbhandari et al. 2020, section 3.1: 2 Psi + 2 Psi + K Psi): mixed precision keeps
+/// 2-byte params and grads and K bytes of optimizer state, K = 12 for Adam (fp32 master copy 4 +
+/// momentum 4 + variance 4): 2 + 2 + 12 = 16. In fp32 there is no separate master copy: 4 + 4 +
+/// 8 (DESIGN.md's table).
 BytesPerParam zero_paper_bytes_per_param(Precision precision, OptimizerKind optimizer);
-/// ZeRO section 3's per-rank formulas with those bytes (Psi = num_params, N_d = world_size):
-/// no_shard (a+b+K)Psi; zero1 (P_os) (a+b)Psi + K Psi/N; shard_grad_op (P_os+g) a Psi +
-/// (b+K)Psi/N; full_shard (P_os+g+p) (a+b+K)Psi/N; hybrid_shard (a+b+K)Psi/G.
+/// ZeRO section 5's per-rank formulas (figure 1) with those bytes (Psi = num_params, N_d =
+/// world_size): no_shard (a+b+K)Psi; zero1 (P_os) (a+b)Psi + K Psi/N; shard_grad_op (P_os+g)
+/// a Psi + (b+K)Psi/N; full_shard (P_os+g+p) (a+b+K)Psi/N; hybrid_shard (a+b+K)Psi/G.
 double zero_paper_model_state_bytes(const Parallelism& par, double num_params, const BytesPerParam& b);
 /// The engine's closed form without padding: (4 + 4 + k) x P / shard group size, plus zero1's full
 /// params (param bytes x P). model_state_bytes() differs from it only by padding rows.

@@ -42,7 +42,7 @@ struct StrategyPlan {
   Parallelism parallelism;
   ModelStateBytes state;        ///< exact, after an optimizer step
   double closed_form_bytes = 0;  ///< the engine's closed form without padding
-  double zero_paper_bytes = 0;   ///< ZeRO section 3's formula (zero_paper_bytes_per_param)
+  double zero_paper_bytes = 0;   ///< ZeRO section 5's formula (zero_paper_bytes_per_param)
   PeakBytes peak;
   StepTraffic traffic;
   StepTime time;
