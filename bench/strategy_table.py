@@ -1,12 +1,18 @@
 #!/usr/bin/env python3
-"""Per-strategy memory and traffic of fsdp-train next to DESIGN.md's formulas.
+"""Per-strategy memory and traffic of fsdp-train next to the planner's predictions.
 
 Runs `mpirun -n N build/bin/fsdp-train --strategy S --steps K` for each preset, world size and
-strategy, reads the last step event of --metrics, and prints a markdown table: measured per-rank
-model-state bytes (param + grad + optimizer shards, max over ranks), the formula's prediction,
-peak bytes (counting allocator), logical bytes communicated per step (one rank), and step time.
+strategy, reads the step events of --metrics (steps after the first), asks
+`build/bin/fsdp-plan --json` about the same run (the model, batch, precision and strategy of fsdp-train's config event), and prints a markdown
+table: measured per-rank model-state bytes (param + grad + optimizer shards, max over ranks) next
+to the planner's exact bytes and DESIGN.md's formula (ZeRO section 5), peak bytes (counting
+allocator, the largest over the steps) next to the planner's peak and the relative error, logical
+bytes communicated per step (one rank) next to the planner's, and step time (the median) next to
+the planner's estimate and the relative error when --profile is given. Every formula
+is the planner's (include/fsdp/planner/, docs/planner.md): this script computes none.
 
-  python3 bench/strategy_table.py --presets micro --nranks 1,2,4 [--out out/strategies]
+  python3 bench/strategy_table.py --presets micro --nranks 1,2,4 [--out out/strategies] \\
+      [--profile out/profile.json] -- --global-batch-size 4 --seq-len 64
 """
 import argparse
 import json
@@ -17,39 +23,38 @@ import sys
 STRATEGIES = ["no_shard", "zero1", "shard_grad_op", "full_shard", "hybrid_shard"]
 
 
-def formula_bytes(strategy, P, N, G):
-    """DESIGN.md memory model, fp32 + AdamW, bytes per rank."""
-    if strategy == "no_shard":
-        return 16 * P
-    if strategy == "zero1":
-        return 4 * P + 4 * P + 8 * P / N
-    if strategy == "shard_grad_op":
-        return 4 * P + 12 * P / N
-    if strategy == "full_shard":
-        return 16 * P / N
+def plan(cfg, n, strategy, g, profile, bin_dir):
+    """fsdp-plan's prediction for the run fsdp-train described in its config event."""
+    cmd = [os.path.join(bin_dir, "fsdp-plan"), "--json", "--model", cfg["model"],
+           "--n-layer", str(cfg["n_layer"]), "--n-head", str(cfg["n_head"]),
+           "--n-embd", str(cfg["n_embd"]), "--block-size", str(cfg["block_size"]),
+           "--vocab-size", str(cfg["vocab_size"]), "--attention", cfg["attention"],
+           "--world-size", str(n), "--strategy", strategy,
+           "--mixed-precision", cfg["mixed_precision"],
+           "--global-batch-size", str(cfg["global_batch_size"]),
+           "--micro-batch-size", str(cfg["micro_batch_size"]), "--seq-len", str(cfg["seq_len"]),
+           "--forward-prefetch", "true" if cfg["forward_prefetch"] else "false"]
     if strategy == "hybrid_shard":
-        return 16 * P / G
-    raise ValueError(strategy)
+        cmd += ["--hybrid-shard-group-size", str(g)]
+    if strategy == "no_shard":
+        cmd += ["--bucket-cap-mb", str(cfg["bucket_cap_bytes"] / (1024 * 1024))]
+    if profile:
+        cmd += ["--profile", profile]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["strategies"][0]
 
 
-def formula_comm(strategy, P, N, G):
-    """Logical bytes per step (fp32): DDP all-reduce P; ZeRO-1/2 reduce-scatter + all-gather 2P;
-    FULL_SHARD 3P (root gathered once: slightly less); hybrid 3P in-group + P/G across."""
-    if N == 1 and strategy != "hybrid_shard":
-        pass
-    return {"no_shard": 4 * P, "zero1": 8 * P, "shard_grad_op": 8 * P, "full_shard": 12 * P,
-            "hybrid_shard": 12 * P + 4 * P / G}[strategy]
-
-
-def run(preset, n, strategy, steps, out, extra):
+def run(preset, n, strategy, steps, out, extra, bin_dir):
     d = os.path.join(out, f"{preset}_n{n}_{strategy}")
     os.makedirs(d, exist_ok=True)
     metrics = os.path.join(d, "metrics.jsonl")
     g = max(1, n // 2) if strategy == "hybrid_shard" else 0
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(n),
-           "build/bin/fsdp-train", "--model", preset, "--strategy", strategy, "--steps", str(steps),
-           "--metrics", metrics, "--progress", "lines", "--eval-every", "0", "--sample-tokens", "0",
-           "--hybrid-shard-group-size", str(g)] + extra
+           os.path.join(bin_dir, "fsdp-train"), "--model", preset, "--strategy", strategy,
+           "--steps", str(steps), "--metrics", metrics, "--progress", "lines", "--eval-every", "0",
+           "--sample-tokens", "0"] + extra
+    if strategy == "hybrid_shard":  # a strategy-specific flag: an error with any other strategy
+        cmd += ["--hybrid-shard-group-size", str(g)]
     with open(os.path.join(d, "log.txt"), "w") as log:
         rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
     if rc != 0:
@@ -67,28 +72,42 @@ def main():
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", default="out/strategies")
+    ap.add_argument("--bin", default="build/bin", help="folder holding fsdp-train and fsdp-plan")
+    ap.add_argument("--profile", default="",
+                    help="fsdp-plan profile (e.g. from `mpirun -n 2 fsdp-plan --calibrate --out FILE`) for "
+                         "the predicted step time; without it that column is left empty")
     ap.add_argument("extra", nargs="*", help="extra fsdp-train flags after --")
     a = ap.parse_args()
-    rows = ["| preset | N | strategy | state bytes/rank | formula | peak bytes/rank | comm bytes/step | formula | step s |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| preset | N | strategy | state bytes/rank | planner | DESIGN formula | peak bytes/rank | "
+            "planner peak | peak err | comm bytes/step | planner | step s | planner step s | step err |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for preset in a.presets.split(","):
         for n in [int(x) for x in a.nranks.split(",")]:
             for s in a.strategies.split(","):
-                res, g = run(preset, n, s, a.steps, a.out, a.extra)
+                res, g = run(preset, n, s, a.steps, a.out, a.extra, a.bin)
                 if res is None:
-                    rows.append(f"| {preset} | {n} | {s} | failed (see {a.out}) | | | | | |")
+                    rows.append(f"| {preset} | {n} | {s} | failed (see {a.out}) | | | | | | | | | | |")
                     continue
                 cfg, steps = res
-                P = cfg["num_params"]
+                p = plan(cfg, n, s, g, a.profile, a.bin)
                 last = steps[-1]
                 mem, comm = last["mem"], last["comm"]
                 state = mem["param_shard_bytes"] + mem["grad_shard_bytes"] + mem["optim_state_bytes"]
                 cbytes = sum(v for k, v in comm.items() if k.endswith("_bytes") and not k.startswith("barrier"))
-                gs = g or n
-                name = s + (f" (G={gs})" if s == "hybrid_shard" else "")
-                rows.append(f"| {preset} | {n} | {name} | {state:,} | {formula_bytes(s, P, n, gs):,.0f} | "
-                            f"{mem['peak_bytes']:,} | {cbytes:,} | {formula_comm(s, P, n, gs):,.0f} | "
-                            f"{last['step_time_s']:.2f} |")
+                ms = p["model_state"]
+                planned = ms["sharded_param_bytes"] + ms["sharded_grad_bytes"] + ms["optim_state_bytes"]
+                name = s + (f" (G={p['shard_group_size']})" if s == "hybrid_shard" else "")
+                # Step time: the median over the steps after the first (which gathers zero1's
+                # params lazily and warms the allocator); peak: the largest over those steps.
+                times = sorted(e["step_time_s"] for e in steps[1:]) or [last["step_time_s"]]
+                step_s = times[len(times) // 2]
+                peak = max(e["mem"]["peak_bytes"] for e in (steps[1:] or steps))
+                peak_err = 100.0 * (p["peak"]["peak_bytes"] - peak) / peak
+                step_plan = f"{p['time']['step_s']:.2f}" if a.profile else ""
+                step_err = f"{100.0 * (p['time']['step_s'] - step_s) / step_s:+.0f}%" if a.profile else ""
+                rows.append(f"| {preset} | {n} | {name} | {state:,} | {planned:,} | {ms['zero_paper_bytes']:,.0f} | "
+                            f"{peak:,} | {p['peak']['peak_bytes']:,} | {peak_err:+.1f}% | {cbytes:,} | "
+                            f"{p['traffic']['logical_bytes']:,} | {step_s:.2f} | {step_plan} | {step_err} |")
                 print(rows[-1], flush=True)
     print("\n".join(rows))
 

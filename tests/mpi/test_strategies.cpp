@@ -16,11 +16,14 @@
 #include "../common/parity.h"
 #include "../common/scenario_util.h"
 #include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/planner/memory.h"
+#include "fsdp/planner/traffic.h"
 #include "mpi_world.h"
 
 using namespace fsdp_test;
 namespace F = torch::nn::functional;
 namespace fs = std::filesystem;
+namespace fp = fsdp::planner;
 using fsdp::ShardingStrategy;
 using fsdp::comm::CollectiveKind;
 
@@ -28,22 +31,45 @@ namespace {
 
 const std::vector<int64_t> kWidths{96, 96, 96, 96, 40};
 
-// Sizes of the Chain(kWidths) parameters at a shard group of `world` ranks, this rank at `rank`.
-struct Sizes {
-  int64_t P = 0, padded_shard = 0, real = 0, padded_full = 0;
-};
-Sizes chain_sizes(int64_t world, int64_t rank) {
-  Sizes z;
+// The planner's spec of Chain(kWidths) wrapped with wrap_by_type<LinearImpl>: a root without
+// parameters and one unit per Linear (weight (out, in), bias (out)). Memory and traffic formulas
+// come from the planner (include/fsdp/planner/), the one source of them.
+fp::ModelSpec chain_spec() {
+  fp::ModelSpec m;
+  m.name = "chain";
+  fp::UnitSpec root;
+  root.is_root = true;
+  m.units.push_back(root);
   for (size_t i = 0; i + 1 < kWidths.size(); ++i) {
-    for (auto shape : {std::vector<int64_t>{kWidths[i + 1], kWidths[i]}, std::vector<int64_t>{kWidths[i + 1]}}) {
-      auto s = fsdp::shard::ParamShardSpec::make(shape, world);
-      z.P += s.numel();
-      z.padded_shard += s.padded_shard_numel();
-      z.real += s.real_numel(rank);
-      z.padded_full += s.padded_numel();
-    }
+    fp::UnitSpec u;
+    u.name = "l" + std::to_string(i);  // ChainImpl registers l0, l1, ...
+    u.params = {{u.name + ".weight", {kWidths[i + 1], kWidths[i]}, true}, {u.name + ".bias", {kWidths[i + 1]}, true}};
+    m.units.push_back(u);
   }
-  return z;
+  return m;
+}
+
+fp::Parallelism parallelism_of(ShardingStrategy s, int N) {
+  fp::Parallelism p;
+  p.strategy = s;
+  p.world_size = N;
+  if (s == ShardingStrategy::kHybridShard) p.hybrid_shard_group_size = hybrid_size_for(N);
+  return p;
+}
+
+// fp32 params, AdamW, plain optimizer steps (no grad-norm all-reduce), no_shard buckets of `cap`.
+fp::StepSetup chain_step(int64_t cap = fsdp::kDefaultBucketCapBytes) {
+  fp::StepSetup st;
+  st.clip_grad_norm = false;
+  st.bucket_cap_bytes = cap;
+  return st;
+}
+
+// Elements of the unit's all-gather outputs (padded to the shard group), summed over units.
+int64_t padded_full_numel(const fp::ModelSpec& m, int64_t G) {
+  int64_t n = 0;
+  for (const auto& u : m.units) n += fp::unit_numbers(u, G, 0).gathered_numel;
+  return n;
 }
 
 std::shared_ptr<ChainImpl> sharded_chain(ShardingStrategy s, const fsdp::comm::ProcessGroupPtr& g,
@@ -57,9 +83,7 @@ std::shared_ptr<ChainImpl> sharded_chain(ShardingStrategy s, const fsdp::comm::P
 }
 
 int shard_size_of(ShardingStrategy s, int N) {
-  if (s == ShardingStrategy::kNoShard) return 1;
-  if (s == ShardingStrategy::kHybridShard) return hybrid_size_for(N);
-  return N;
+  return static_cast<int>(parallelism_of(s, N).shard_group_size());
 }
 
 
@@ -70,38 +94,30 @@ void train_step(const std::shared_ptr<ChainImpl>& model, torch::optim::Optimizer
   opt.zero_grad();
 }
 
-// Number of DDP buckets of a unit's trainable params (reverse order, greedy up to cap bytes).
-int64_t bucket_count(const std::vector<int64_t>& numels_in_order, int64_t cap, int64_t elem) {
-  int64_t buckets = 0, cur = 0;
-  for (auto it = numels_in_order.rbegin(); it != numels_in_order.rend(); ++it) {
-    if (buckets == 0 || (cur > 0 && (cur + *it) * elem > cap)) {
-      ++buckets;
-      cur = 0;
-    }
-    cur += *it;
-  }
-  return buckets;
-}
-
 }  // namespace
 
 // Model state per rank after one AdamW step, measured by the counting allocator, against the
-// formulas (P params, N ranks, G hybrid shard group size; padded = this rank's padded shard):
+// planner's exact bytes (fp::model_state_bytes: P params, N ranks, G hybrid shard group size;
+// padded = this rank's padded shard):
 //   no_shard       4P + 4P + 8P = 16P (params alias the storage: no copy)
 //   zero1          4P_pad (full params) + 4 padded/N (fp32 master rows) + 4P/N (grads) + 8P/N
 //   shard_grad_op  4 padded/N + 12P/N       full_shard  same     hybrid_shard  same at G
+// and within padding rows of the planner's closed form (DESIGN.md's formula as implemented).
 TEST(Strategies, ModelStateBytesFollowTheFormula) {
   auto g = world();
   const int N = g->size();
+  const fp::ModelSpec spec = chain_spec();
+  const fp::StepSetup st = chain_step();
+  const double P = static_cast<double>(spec.num_params());
   for (auto s : implemented_strategies()) {
     SCOPED_TRACE(fsdp::to_string(s));
+    const fp::Parallelism par = parallelism_of(s, N);
     const int G = shard_size_of(s, N);
-    const int64_t sr = g->rank() % G;
-    Sizes z = chain_sizes(G, sr);
+    const fp::ModelStateBytes want = fp::model_state_bytes(spec, par, st, g->rank());
     int64_t before = fsdp::accounting::current_bytes();
     {
       auto model = sharded_chain(s, g);
-      EXPECT_EQ(fsdp::accounting::current_bytes() - before, 4 * z.padded_shard)
+      EXPECT_EQ(fsdp::accounting::current_bytes() - before, want.sharded_param_bytes)
           << "after fully_shard only this rank's rows stay";
       torch::optim::AdamW opt(fsdp::parameters(model), torch::optim::AdamWOptions(1e-3));
       {
@@ -110,33 +126,32 @@ TEST(Strategies, ModelStateBytesFollowTheFormula) {
       }
       opt.step();
       const int64_t state = fsdp::accounting::current_bytes() - before;
-      int64_t expected = 4 * z.padded_shard + 4 * z.real + 8 * z.real;
-      if (s == ShardingStrategy::kZero1) expected += 4 * z.padded_full;  // persistent full params
-      EXPECT_EQ(state, expected) << "measured model state";
+      EXPECT_EQ(state, want.total_bytes()) << "measured model state";
       // The library's own account tells the same footprint (zero1's resident full params too).
       const auto acc = fsdp::accounting::model_state_bytes(model, &opt);
       EXPECT_EQ(acc.resident_bytes(), state) << "model_state_bytes: params " << acc.sharded_param_bytes
           << ", grads " << acc.sharded_grad_bytes << ", optim " << acc.optim_state_bytes
           << ", unsharded params " << acc.unsharded_param_bytes;
-      double formula = 0;
-      switch (s) {
-        case ShardingStrategy::kNoShard: formula = 16.0 * z.P; break;
-        case ShardingStrategy::kZero1: formula = 4.0 * z.P + 4.0 * z.P + 8.0 * z.P / N; break;
-        case ShardingStrategy::kShardGradOp: formula = 4.0 * z.P + 12.0 * z.P / N; break;
-        default: formula = 16.0 * z.P / G; break;
-      }
-      // Documented differences: shard_grad_op frees its full params at the end of backward (it
-      // holds 4P only from forward to backward; between steps 4P/N sharded rows), zero1 frees its full gradients once reduced (4P
-      // only during backward) and keeps fp32 master rows (4P/N). Rows of padding: 16 bytes each.
-      double documented = formula;
-      if (s == ShardingStrategy::kShardGradOp) documented += -4.0 * z.P + 4.0 * z.P / N;
-      if (s == ShardingStrategy::kZero1) documented += -4.0 * z.P + 8.0 * z.P / N;
-      EXPECT_LE(std::abs(state - documented), 16.0 * (z.padded_full - z.P) + 16.0 * G * 96)
+      EXPECT_EQ(acc.sharded_param_bytes, want.sharded_param_bytes);
+      EXPECT_EQ(acc.sharded_grad_bytes, want.sharded_grad_bytes);
+      EXPECT_EQ(acc.optim_state_bytes, want.optim_state_bytes);
+      EXPECT_EQ(acc.unsharded_param_bytes, want.resident_unsharded_param_bytes);
+      // DESIGN.md's table (ZeRO section 5's formulas in fp32: 16P, 4P + 4P + 8P/N, 4P + 12P/N,
+      // 16P/N, 16P/G) and the closed form as implemented: shard_grad_op frees its full params at the
+      // end of backward (it holds 4P only from forward to backward; between steps 4P/N sharded
+      // rows), zero1 frees its full gradients once reduced (4P only during backward) and keeps fp32
+      // master rows (4P/N). Rows of padding: 16 bytes each.
+      const double formula = fp::zero_paper_model_state_bytes(
+          par, P, fp::zero_paper_bytes_per_param(st.precision, st.optimizer));
+      const double documented = fp::closed_form_model_state_bytes(par, P, st);
+      const double padding = static_cast<double>(padded_full_numel(spec, G)) - P;
+      EXPECT_LE(std::abs(state - documented), 16.0 * padding + 16.0 * G * 96)
           << "state " << state << " vs documented formula " << documented;
       if (g->rank() == 0) {
         std::printf("[strategy bytes] %-13s N=%d G=%d P=%lld: measured %lld B/rank, DESIGN formula %.0f, "
                     "as implemented %.0f\n",
-                    fsdp::to_string(s).c_str(), N, G, (long long)z.P, (long long)state, formula, documented);
+                    fsdp::to_string(s).c_str(), N, G, (long long)spec.num_params(), (long long)state, formula,
+                    documented);
       }
     }
     EXPECT_EQ(fsdp::accounting::current_bytes(), before) << "everything freed with the model";
@@ -144,48 +159,31 @@ TEST(Strategies, ModelStateBytesFollowTheFormula) {
 }
 
 // Per step (steady state), logical bytes in fp32 (4 bytes/elem), U = 4 units with params, Ppad(k)
-// = params padded to a multiple of k rows:
+// = params padded to a multiple of k rows, as fp::step_traffic computes them:
 //   full_shard     AG 2U calls 2 x 4Ppad(N)  RS U calls 4Ppad(N)               = 3P
 //   shard_grad_op  AG U  calls 4Ppad(N)      RS U calls 4Ppad(N)               = 2P
 //   zero1          same as shard_grad_op (AG lazily at the next forward)       = 2P
 //   no_shard       AR one per bucket, 4P bytes in all                          = P (all-reduce)
 //   hybrid_shard   AG 2U x 4Ppad(G), RS U x 4Ppad(G), AR U x 4Ppad(G)/G (none when G = N)
+// (the root, Chain itself, has no parameters: no collective of its own).
 TEST(Strategies, CollectiveCountsAndBytesPerStep) {
   auto g = world();
   const int N = g->size();
   const int64_t cap = (96 * 96 + 96) * 4;  // one Linear(96,96) per bucket, no more
+  const fp::ModelSpec spec = chain_spec();
   for (auto s : implemented_strategies()) {
     SCOPED_TRACE(fsdp::to_string(s));
     const int G = shard_size_of(s, N);
-    Sizes z = chain_sizes(G, g->rank() % G);
+    const fp::StepTraffic plan = fp::step_traffic(spec, parallelism_of(s, N), chain_step(cap));
+    const StepComm want{plan.all_gather.calls,     plan.all_gather.logical_bytes,
+                        plan.reduce_scatter.calls, plan.reduce_scatter.logical_bytes,
+                        plan.all_reduce.calls,     plan.all_reduce.logical_bytes};
     auto model = sharded_chain(s, g, cap);
-    const int64_t U = static_cast<int64_t>(kWidths.size()) - 1;
-    int64_t buckets = 0;
-    for (size_t i = 0; i + 1 < kWidths.size(); ++i) {
-      buckets += bucket_count({kWidths[i] * kWidths[i + 1], kWidths[i + 1]}, cap, 4);
-    }
     torch::optim::AdamW opt(fsdp::parameters(model), torch::optim::AdamWOptions(1e-3));
     for (int step = 0; step < 3; ++step) {
       auto before = g->stats().snapshot();
       train_step(model, opt, step);
       auto d = delta(before, g->stats().snapshot());
-      StepComm want{};
-      switch (s) {
-        case ShardingStrategy::kFullShard:
-          want = {2 * U, 2 * 4 * z.padded_full, U, 4 * z.padded_full, 0, 0};
-          break;
-        case ShardingStrategy::kShardGradOp:
-        case ShardingStrategy::kZero1:
-          want = {U, 4 * z.padded_full, U, 4 * z.padded_full, 0, 0};
-          break;
-        case ShardingStrategy::kNoShard:
-          want = {0, 0, 0, 0, buckets, 4 * z.P};
-          break;
-        case ShardingStrategy::kHybridShard:
-          want = {2 * U, 2 * 4 * z.padded_full, U, 4 * z.padded_full, G < N ? U : 0,
-                  G < N ? 4 * z.padded_shard : 0};
-          break;
-      }
       EXPECT_EQ(d.ag_calls, want.ag_calls) << "step " << step;
       EXPECT_EQ(d.ag_bytes, want.ag_bytes) << "step " << step;
       EXPECT_EQ(d.rs_calls, want.rs_calls) << "step " << step;
@@ -195,10 +193,10 @@ TEST(Strategies, CollectiveCountsAndBytesPerStep) {
       if (g->rank() == 0 && step == 2) {
         std::printf("[strategy comm] %-13s N=%d G=%d P=%lld: AG %lld calls %lld B, RS %lld calls %lld B, "
                     "AR %lld calls %lld B; total %.2f x 4P\n",
-                    fsdp::to_string(s).c_str(), N, G, (long long)z.P, (long long)d.ag_calls,
+                    fsdp::to_string(s).c_str(), N, G, (long long)spec.num_params(), (long long)d.ag_calls,
                     (long long)d.ag_bytes, (long long)d.rs_calls, (long long)d.rs_bytes,
                     (long long)d.ar_calls, (long long)d.ar_bytes,
-                    double(d.ag_bytes + d.rs_bytes + d.ar_bytes) / (4.0 * z.P));
+                    double(d.ag_bytes + d.rs_bytes + d.ar_bytes) / (4.0 * spec.num_params()));
       }
     }
   }

@@ -1,0 +1,25 @@
+// fsdp-plan --calibrate: this machine's profile, measured over the real MPI group.
+#pragma once
+
+#include <ostream>
+
+#include "fsdp/comm/process_group.h"
+#include "fsdp/planner/profile.h"
+#include "plan/plan_flags.h"
+
+namespace apps::plan {
+
+/// Measures, on every rank of `world` at once (collective; every rank calls it with the same
+/// flags):
+///  - all-gather, reduce-scatter and all-reduce of fp32 tensors of 4 KiB .. 16 MiB logical bytes
+///    (the median of several repetitions, the slowest rank's time), fitted to t = alpha + beta x
+///    bytes per kind and turned into ring link parameters at this world size;
+///  - the fp32 and bf16 FLOP rates of at::mm over the forward matmul shapes of flags' model, rows =
+///    micro-batch x sequence length (each shape weighted by its share of the model's FLOPs; the
+///    slowest rank's rate), with flags.threads intra-op threads per rank;
+///  - memory per rank: physical memory / ranks on this node.
+/// Progress lines go to `log` on rank 0. Throws UsageError at world size 1 (nothing to measure)
+/// and fsdp::Error when a collective fails.
+fsdp::planner::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& world, std::ostream& log);
+
+}  // namespace apps::plan

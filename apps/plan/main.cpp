@@ -1,0 +1,80 @@
+// fsdp-plan: answers "DDP or FSDP, and which stage?" with numbers, from a laptop or on the cluster.
+//
+//   fsdp-plan --model llama2-13b --world-size 64 --mixed-precision bf16 --profile h100 [--json]
+//   mpirun -n N fsdp-plan --calibrate --out PROFILE.json [--model micro --seq-len 128]
+//   fsdp-plan --profile PROFILE.json --model micro --world-size 2 ...
+//
+// Contents (apps/plan/)
+//   main.cpp        this file: flags, plan or calibrate, exceptions -> exit codes.
+//   plan_flags.*    every flag (CLI11) and the planner inputs they resolve to (model preset and
+//                   overrides, fsdp-train's batch geometry, profile, memory).
+//   report.*        the terminal tables and the recommendation.
+//   calibrate.*     --calibrate: collectives over the MPI group, at::mm rates, the profile file.
+// The formulas are the planner library's (include/fsdp/planner/, docs/planner.md).
+//
+// Exit codes: 0 done (or --help); 2 a bad flag or setting (one line on stderr); 1 any other error
+// (under --calibrate, a rank's error aborts the job: its peers may wait in a collective).
+#include <mpi.h>
+
+#include <exception>
+#include <fstream>
+#include <iostream>
+
+#include "fsdp/comm/mpi_backend.h"
+#include "fsdp/common/check.h"
+#include "plan/calibrate.h"
+#include "plan/plan_flags.h"
+#include "plan/report.h"
+
+namespace {
+
+int run_calibrate(const apps::plan::PlanFlags& flags) {
+  fsdp::comm::ProcessGroupPtr world = fsdp::comm::mpi_world();
+  const fsdp::planner::DeviceProfile p = apps::plan::calibrate(flags, *world, std::cout);
+  if (world->rank() == 0) {
+    std::ofstream out(flags.out, std::ios::trunc);
+    out << fsdp::planner::profile_to_json(p);
+    if (!out) throw std::runtime_error("cannot write profile '" + flags.out + "'");
+    std::cout << "wrote " << flags.out << std::endl;
+  }
+  world->barrier()->wait();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int exit_code = 0;
+  std::optional<apps::plan::PlanFlags> flags = apps::plan::parse_plan_flags(argc, argv, &exit_code);
+  if (!flags) return exit_code;
+  try {
+    if (flags->calibrate) return run_calibrate(*flags);
+    const fsdp::planner::PlanInputs in = apps::plan::resolve_inputs(*flags);
+    const fsdp::planner::Plan plan = fsdp::planner::make_plan(in);
+    std::cout << (flags->json ? fsdp::planner::plan_to_json(plan) : apps::plan::format_plan(plan));
+    return 0;
+  } catch (const apps::plan::UsageError& e) {
+    int init = 0, rank = 0;
+    MPI_Initialized(&init);
+    if (init) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) std::cerr << "fsdp-plan: error: " << e.what() << std::endl;  // same on every rank
+    return 2;
+  } catch (const fsdp::Error& e) {
+    const bool usage = e.kind() == fsdp::ErrorKind::kInvalidArgument;
+    std::cerr << "fsdp-plan: error: " << e.message() << std::endl;
+    if (!usage && flags->calibrate) {
+      int init = 0, size = 1;
+      MPI_Initialized(&init);
+      if (init) MPI_Comm_size(MPI_COMM_WORLD, &size);
+      if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    return usage || e.kind() == fsdp::ErrorKind::kIo || e.kind() == fsdp::ErrorKind::kCorruptData ? 2 : 1;
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp-plan: error: " << e.what() << std::endl;
+    int init = 0, size = 1;
+    MPI_Initialized(&init);
+    if (init) MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}

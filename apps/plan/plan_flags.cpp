@@ -1,0 +1,270 @@
+#include "plan/plan_flags.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cmath>
+#include <iostream>
+#include <sstream>
+#include <vector>
+
+#include "fsdp/common/check.h"
+
+namespace apps::plan {
+namespace fp = fsdp::planner;
+
+namespace {
+
+// "7e9", "7B", "1.3B", "350M", "124439808" -> a count.
+int64_t parse_count(const std::string& text) {
+  size_t i = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &i);
+  } catch (const std::exception&) {
+    throw UsageError("--params '" + text + "' is not a count like 7e9, 7B or 350M");
+  }
+  const std::string unit = text.substr(i);
+  double mult = 1;
+  if (unit == "K" || unit == "k") mult = 1e3;
+  else if (unit == "M" || unit == "m") mult = 1e6;
+  else if (unit == "B" || unit == "b" || unit == "G") mult = 1e9;
+  else if (unit == "T" || unit == "t") mult = 1e12;
+  else if (!unit.empty()) throw UsageError("--params '" + text + "' is not a count like 7e9, 7B or 350M");
+  const double n = std::round(v * mult);
+  if (!(n >= 1)) throw UsageError("--params must be at least 1, got '" + text + "'");
+  return static_cast<int64_t>(n);
+}
+
+bool is_llama(const std::string& model) {
+  for (const auto& n : fp::llama_preset_names()) {
+    if (n == model) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int* exit_code) {
+  PlanFlags f;
+  CLI::App app{
+      "fsdp-plan: memory, traffic and step time per rank of every sharding strategy (DDP, ZeRO-1, "
+      "ZeRO-2, ZeRO-3, hybrid), and which one to use.\n"
+      "  fsdp-plan --model llama2-13b --world-size 64 --mixed-precision bf16 --profile h100\n"
+      "  mpirun -n 2 fsdp-plan --calibrate --out PROFILE.json   (measures this machine)"};
+  app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  std::vector<std::string> models = fp::model_preset_names();
+  auto positive = CLI::PositiveNumber;
+  auto non_negative = CLI::NonNegativeNumber;
+
+  app.add_option("--model", f.model, "Model preset: fsdp-train's GPTs or the Llama-2 decoders")
+      ->check(CLI::IsMember(models))->group("Model");
+  app.add_option("--params", f.params,
+                 "A model known only by its parameter count (7e9, 7B, 350M): model state and traffic, "
+                 "no activations. Replaces --model")
+      ->group("Model");
+  app.add_option("--units", f.units, "--params: block units the parameters are split into")
+      ->check(positive)->group("Model");
+  app.add_option("--n-layer", f.n_layer, "Override the preset's number of blocks (0: keep)")->check(non_negative)->group("Model");
+  app.add_option("--n-head", f.n_head, "Override the preset's attention heads (0: keep)")->check(non_negative)->group("Model");
+  app.add_option("--n-kv-head", f.n_kv_head, "Llama-2: override the key/value heads (0: keep)")->check(non_negative)->group("Model");
+  app.add_option("--n-embd", f.n_embd, "Override the preset's width in channels (0: keep)")->check(non_negative)->group("Model");
+  app.add_option("--ffn-hidden", f.ffn_hidden, "Llama-2: override the MLP's intermediate size (0: keep)")
+      ->check(non_negative)->group("Model");
+  app.add_option("--block-size", f.block_size, "Override the context length in tokens (0: keep)")
+      ->check(non_negative)->group("Model");
+  app.add_option("--vocab-size", f.vocab_size,
+                 "Vocabulary size in tokens (0: 8192 for the GPTs, as fsdp-train's tokenizer; 32000 for Llama-2)")
+      ->check(non_negative)->group("Model");
+  app.add_option("--attention", f.attention, "GPT attention kernel, as fsdp-train's --attention")
+      ->check(CLI::IsMember({"auto", "flash", "math"}))->group("Model");
+
+  app.add_option("--world-size", f.world_size, "Ranks (GPUs or processes) in the data-parallel group")
+      ->check(positive)->group("Parallelism");
+  app.add_option("--ranks-per-node", f.ranks_per_node, "Ranks per node (0: the profile's)")
+      ->check(non_negative)->group("Parallelism");
+  app.add_option("--strategy", f.strategy,
+                 "all, or one of no_shard (DDP), zero1, shard_grad_op (ZeRO-2), full_shard (ZeRO-3), hybrid_shard")
+      ->check(CLI::IsMember({"all", "no_shard", "zero1", "shard_grad_op", "full_shard", "hybrid_shard"}))
+      ->group("Parallelism");
+  app.add_option("--hybrid-shard-group-size", f.hybrid_shard_group_size,
+                 "hybrid_shard: ranks per shard group (must divide the world size; 0 = all ranks, as "
+                 "fsdp-train; unset: the ranks per node). An error with another strategy")
+      ->check(non_negative)->group("Parallelism");
+  app.add_option("--mixed-precision", f.mixed_precision,
+                 "Unsharded param and gradient-reduction dtype (master weights and optimizer state stay fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->group("Parallelism");
+  app.add_option("--optimizer", f.optimizer, "adamw (8 B/param of state), sgd-momentum (4), sgd (0)")
+      ->check(CLI::IsMember({"adamw", "adam", "sgd-momentum", "sgd"}))->group("Parallelism");
+  app.add_option("--forward-prefetch", f.forward_prefetch, "Issue the next unit's all-gather at each pre-forward (true|false)")
+      ->group("Parallelism");
+  app.add_option("--max-unsharded-units", f.max_unsharded_units,
+                 "Units (root excluded) holding full params at once, prefetch included")
+      ->check(positive)->group("Parallelism");
+  app.add_option("--bucket-cap-mb", f.bucket_cap_mb, "no_shard: gradient all-reduce bucket size in MiB (default 25)")
+      ->check(CLI::PositiveNumber)->group("Parallelism");
+
+  app.add_option("--global-batch-size", f.global_batch_size,
+                 "Sequences per optimizer step, all ranks together (0: micro-batch x world size)")
+      ->check(non_negative)->group("Step");
+  app.add_option("--micro-batch-size", f.micro_batch_size,
+                 "Sequences per forward per rank (0: global / world size, or 1)")
+      ->check(non_negative)->group("Step");
+  app.add_option("--seq-len", f.seq_len,
+                 "Tokens per sequence (0: 128 for the GPTs, fsdp-train's default; the context for Llama-2)")
+      ->check(non_negative)->group("Step");
+  app.add_flag("--activation-checkpointing", f.activation_checkpointing,
+               "Keep only each block's input in forward and recompute the block in backward")
+      ->group("Step");
+
+  app.add_option("--profile", f.profile, "Device profile: h100, a100 (datasheet figures) or a file from --calibrate")
+      ->group("Machine");
+  app.add_option("--memory-per-rank", f.memory_per_rank, "Memory per rank, e.g. 80GB, 80GiB (default: the profile's)")
+      ->group("Machine");
+  app.add_option("--headroom", f.headroom,
+                 "Share of the memory per rank kept free: a strategy fits when its peak <= (1 - headroom) x memory")
+      ->check(CLI::Range(0.0, 0.99))->group("Machine");
+  app.add_option("--compute-efficiency", f.compute_efficiency,
+                 "Fraction of the profile's matmul rates a step reaches (default: the profile's, 1 for datasheets)")
+      ->check(CLI::Range(0.01, 1.0))->group("Machine");
+  app.add_option("--rank", f.rank, "Whose bytes to report (rank 0 holds the most real rows)")
+      ->check(non_negative)->group("Machine");
+
+  app.add_flag("--json", f.json, "Print the plan as JSON (for scripts) instead of tables")->group("Output");
+
+  app.add_flag("--calibrate", f.calibrate,
+               "Measure this machine under mpirun -n N: collective latency and bandwidth over the MPI group and "
+               "matmul FLOP rates of the model's shapes; writes --out")
+      ->group("Calibration");
+  app.add_option("--out", f.out, "--calibrate: the profile file to write")->group("Calibration");
+  app.add_option("--threads", f.threads, "--calibrate: intra-op threads per rank")->check(positive)->group("Calibration");
+  app.add_option("--name", f.name, "--calibrate: the profile's name")->group("Calibration");
+
+  try {
+    app.parse(argc, argv);
+    if (f.calibrate && f.out.empty()) throw CLI::ValidationError("--calibrate", "needs --out PROFILE.json");
+    if (!f.calibrate && (!f.out.empty() || !f.name.empty())) {
+      throw CLI::ValidationError("--out/--name", "apply to --calibrate only");
+    }
+  } catch (const CLI::CallForHelp& e) {
+    *exit_code = app.exit(e);
+    return std::nullopt;
+  } catch (const CLI::CallForAllHelp& e) {
+    *exit_code = app.exit(e);
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "fsdp-plan: error: " << e.what() << " (see --help)" << std::endl;
+    *exit_code = 2;
+    return std::nullopt;
+  }
+  return f;
+}
+
+fp::ModelSpec resolve_model(const PlanFlags& f) {
+  if (!f.params.empty()) {
+    if (f.n_layer || f.n_head || f.n_kv_head || f.n_embd || f.ffn_hidden || f.block_size || f.vocab_size) {
+      throw UsageError("--params describes a model by its count alone: shape overrides do not apply");
+    }
+    const int64_t n = parse_count(f.params);
+    return fp::params_only_model(n, f.units, "params-" + f.params);
+  }
+  if (is_llama(f.model)) {
+    fp::LlamaShape s = fp::llama_shape(f.model);
+    if (f.n_layer) s.n_layer = f.n_layer;
+    if (f.n_head) s.n_head = f.n_head;
+    if (f.n_kv_head) s.n_kv_head = f.n_kv_head;
+    if (f.n_embd) s.n_embd = f.n_embd;
+    if (f.ffn_hidden) s.ffn_hidden = f.ffn_hidden;
+    if (f.block_size) s.context = f.block_size;
+    if (f.vocab_size) s.vocab_size = f.vocab_size;
+    if (f.attention != "auto") throw UsageError("--attention applies to the GPT presets (Llama-2 is planned with flash attention)");
+    return fp::llama_model(s, f.model);
+  }
+  if (f.n_kv_head || f.ffn_hidden) {
+    throw UsageError("--n-kv-head and --ffn-hidden apply to the Llama-2 presets (fsdp-train's GPT has "
+                     "n_head key/value heads and a 4 x n_embd MLP)");
+  }
+  fp::GptShape s = fp::gpt_shape(f.model, f.vocab_size ? f.vocab_size : 8192);
+  if (f.n_layer) s.n_layer = f.n_layer;
+  if (f.n_head) s.n_head = f.n_head;
+  if (f.n_embd) s.n_embd = f.n_embd;
+  if (f.block_size) s.block_size = f.block_size;
+  s.attention = f.attention;
+  if (s.n_embd % s.n_head != 0) {
+    throw UsageError("--n-embd " + std::to_string(s.n_embd) + " is not divisible by --n-head " + std::to_string(s.n_head));
+  }
+  return fp::gpt_model(s, f.model);
+}
+
+fp::PlanInputs resolve_inputs(const PlanFlags& f) {
+  fp::PlanInputs in;
+  in.model = resolve_model(f);
+  in.world_size = f.world_size;
+  in.ranks_per_node = f.ranks_per_node;
+  if (f.strategy != "all") in.strategy = fsdp::parse_sharding_strategy(f.strategy);
+  if (f.hybrid_shard_group_size) {
+    if (f.strategy != "hybrid_shard") {
+      throw UsageError("--hybrid-shard-group-size applies to --strategy hybrid_shard only, not " + f.strategy);
+    }
+    const int64_t g = *f.hybrid_shard_group_size;
+    if (g > 0 && f.world_size % g != 0) {
+      throw UsageError("--hybrid-shard-group-size " + std::to_string(g) + " does not divide --world-size " +
+                       std::to_string(f.world_size));
+    }
+    in.hybrid_shard_group_size = g == 0 ? f.world_size : g;
+  }
+  fp::StepSetup& st = in.step;
+  st.precision = fp::parse_precision(f.mixed_precision);
+  st.optimizer = fp::parse_optimizer(f.optimizer);
+  st.forward_prefetch = f.forward_prefetch;
+  st.max_unsharded_units = f.max_unsharded_units;
+  st.loss_scaling = st.precision == fp::Precision::kFp16;  // fsdp-train's fp16 loss scaler
+  if (f.bucket_cap_mb) {
+    if (f.strategy != "no_shard" && f.strategy != "all") {
+      throw UsageError("--bucket-cap-mb applies to --strategy no_shard only, not " + f.strategy);
+    }
+    st.bucket_cap_bytes = static_cast<int64_t>(*f.bucket_cap_mb * 1024 * 1024);
+  }
+  st.activation_checkpointing = f.activation_checkpointing;
+  // Sequence length: as fsdp-train (128) for its GPTs, the full context for Llama-2.
+  const fp::Architecture& a = in.model.arch;
+  int64_t seq = f.seq_len;
+  if (seq == 0) {
+    if (a.kind == fp::BlockKind::kGpt) seq = std::min<int64_t>(128, a.context);
+    else if (a.kind == fp::BlockKind::kLlama) seq = a.context;
+    else seq = 2048;
+  }
+  if (a.context > 0 && seq > a.context) {
+    throw UsageError("--seq-len " + std::to_string(seq) + " exceeds the model's context of " +
+                     std::to_string(a.context) + " tokens (raise --block-size)");
+  }
+  st.seq_len = seq;
+  // Batch geometry exactly as fsdp-train resolves it (train/model_setup.cpp: resolve_batch).
+  const int64_t N = f.world_size;
+  if (f.global_batch_size > 0) {
+    if (f.global_batch_size % N != 0) {
+      throw UsageError("--global-batch-size " + std::to_string(f.global_batch_size) +
+                       " is not divisible by the world size " + std::to_string(N));
+    }
+    const int64_t rows = f.global_batch_size / N;
+    const int64_t micro = f.micro_batch_size > 0 ? f.micro_batch_size : rows;
+    if (rows % micro != 0) {
+      throw UsageError("--micro-batch-size " + std::to_string(micro) + " does not divide the " + std::to_string(rows) +
+                       " sequences per rank (--global-batch-size " + std::to_string(f.global_batch_size) + " / " +
+                       std::to_string(N) + " ranks)");
+    }
+    st.micro_batch_size = micro;
+    st.accumulation_steps = rows / micro;
+  } else {
+    st.micro_batch_size = f.micro_batch_size > 0 ? f.micro_batch_size : 1;
+    st.accumulation_steps = 1;
+  }
+  in.profile = fp::load_profile(f.profile);
+  if (f.compute_efficiency) in.profile.compute_efficiency = *f.compute_efficiency;
+  if (!f.memory_per_rank.empty()) in.memory_per_rank_bytes = fp::parse_bytes(f.memory_per_rank);
+  in.headroom = f.headroom;
+  if (f.rank >= N) throw UsageError("--rank " + std::to_string(f.rank) + " is not below --world-size " + std::to_string(N));
+  in.rank = f.rank;
+  return in;
+}
+
+}  // namespace apps::plan

@@ -1,0 +1,160 @@
+#include "plan/report.h"
+
+#include <cstdio>
+#include <sstream>
+#include <vector>
+
+namespace apps::plan {
+namespace fp = fsdp::planner;
+
+namespace {
+
+std::string b(double bytes) { return fp::format_bytes(bytes); }
+
+std::string num(double v, const char* fmt) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), fmt, v);
+  return buf;
+}
+
+std::string count(int64_t n) {  // 13,015,864,320
+  std::string s = std::to_string(n), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    out += s[i];
+    const size_t left = s.size() - i - 1;
+    if (left > 0 && left % 3 == 0) out += ',';
+  }
+  return out;
+}
+
+std::string seconds(double s) {
+  if (s == 0) return "0";
+  if (s < 1e-3) return num(s * 1e6, "%.0f us");
+  if (s < 1) return num(s * 1e3, "%.1f ms");
+  return num(s, "%.2f s");
+}
+
+// A table with right-aligned columns (the first left-aligned).
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
+  void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  std::string str() const {
+    std::vector<size_t> w(rows_[0].size(), 0);
+    for (const auto& r : rows_) {
+      for (size_t i = 0; i < r.size(); ++i) w[i] = std::max(w[i], r[i].size());
+    }
+    std::ostringstream os;
+    for (size_t k = 0; k < rows_.size(); ++k) {
+      const auto& r = rows_[k];
+      for (size_t i = 0; i < r.size(); ++i) {
+        const std::string pad(w[i] - r[i].size(), ' ');
+        os << (i == 0 ? r[i] + pad : "  " + pad + r[i]);
+      }
+      os << "\n";
+      if (k == 0) {
+        size_t total = 0;
+        for (size_t i = 0; i < w.size(); ++i) total += w[i] + (i ? 2 : 0);
+        os << std::string(total, '-') << "\n";
+      }
+    }
+    return os.str();
+  }
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+std::string split_line(const fp::Plan& p) {
+  const fp::StepSetup& st = p.inputs.step;
+  const fp::BytesPerParam& e = p.engine_split;
+  const fp::BytesPerParam& z = p.zero_paper_split;
+  const std::string opt = fp::to_string(st.optimizer);
+  const std::string lp = fp::to_string(st.precision);
+  std::ostringstream os;
+  os << "Model state per parameter (unsharded): " << num(e.total(), "%.0f") << " B = params " << num(e.params, "%.0f")
+     << " (fp32 master rows) + grads " << num(e.grads, "%.0f") << " (fp32) + optimizer " << num(e.optimizer, "%.0f")
+     << " (" << opt << (st.optimizer == fp::OptimizerKind::kAdamW ? " m, v" : "") << ", fp32)";
+  if (st.precision != fp::Precision::kFp32) {
+    os << "; " << lp << " unsharded params and grads are transient (peak columns)\n";
+    os << "  ZeRO paper's split of the same " << num(z.total(), "%.0f") << " B: " << lp << " params "
+       << num(z.params, "%.0f") << " + " << lp << " grads " << num(z.grads, "%.0f") << " + fp32 master, optimizer state "
+       << num(z.optimizer, "%.0f") << "\n";
+  } else {
+    os << "\n  (ZeRO paper's fp32 split: " << num(z.params, "%.0f") << " + " << num(z.grads, "%.0f") << " + "
+       << num(z.optimizer, "%.0f") << ")\n";
+  }
+  return os.str();
+}
+
+}  // namespace
+
+std::string format_plan(const fp::Plan& p) {
+  const fp::PlanInputs& in = p.inputs;
+  const fp::ModelSpec& m = in.model;
+  const fp::StepSetup& st = in.step;
+  std::ostringstream os;
+  const int64_t L = m.num_blocks();
+  int64_t block = 0;
+  for (int64_t u = 1; u <= L; ++u) block = std::max(block, m.units[u].numel());
+  os << "fsdp-plan: " << m.name << ", " << count(m.num_params()) << " params (" << L << " block units of "
+     << count(block) << " + root " << count(m.units.empty() ? 0 : m.units[0].numel()) << "), "
+     << fp::to_string(st.optimizer) << ", " << fp::to_string(st.precision) << "\n";
+  const int64_t N = in.world_size, rpn = p.ranks_per_node;
+  os << "  N = " << N << " ranks";
+  if (N > rpn) os << " (" << (N + rpn - 1) / rpn << " nodes x " << rpn << ")";
+  os << "; micro-batch " << st.micro_batch_size << " x " << st.seq_len << " tokens, accumulation "
+     << st.accumulation_steps << " (global batch " << N * st.accumulation_steps * st.micro_batch_size
+     << " sequences, " << count(N * st.accumulation_steps * st.micro_batch_size * st.seq_len) << " tokens/step)"
+     << (st.activation_checkpointing ? ", activation checkpointing" : "") << "\n";
+  os << "  profile " << in.profile.name << (in.profile.description.empty() ? "" : ": " + in.profile.description) << "\n";
+  os << "  memory per rank " << b(static_cast<double>(p.memory_per_rank_bytes)) << ", usable "
+     << b(static_cast<double>(p.usable_bytes)) << " (" << num(in.headroom * 100, "%.0f") << "% headroom); bytes of rank "
+     << in.rank << "\n\n";
+  os << split_line(p) << "\n";
+
+  Table mem({"strategy", "params", "grads", "optimizer", "full params", "state", "| peak:", "full params", "full grads",
+             "activations", "logits", "peak", "at", "fits"});
+  for (const auto& s : p.strategies) {
+    const fp::PeakBytes& k = s.peak;
+    mem.add({s.parallelism.label(), b(s.state.sharded_param_bytes), b(s.state.sharded_grad_bytes),
+             b(s.state.optim_state_bytes), b(s.state.resident_unsharded_param_bytes), b(s.state.total_bytes()), "|",
+             b(k.unsharded_param_bytes), b(k.unsharded_grad_bytes),
+             k.activations_known ? b(k.activation_bytes) : "n/a", k.activations_known ? b(k.loss_transient_bytes) : "n/a",
+             b(k.peak_bytes), k.moment, s.fits ? "yes" : "no"});
+  }
+  os << "Memory per rank. Model state after an optimizer step (params: fp32 master rows incl. padding; full params: "
+        "kept between steps);\n"
+        "peak: the largest moment of a step (state + transient full params and grads + activations + logits "
+        "gradients)\n"
+     << mem.str() << "\n";
+
+  Table t({"strategy", "all-gather", "reduce-scatter", "all-reduce", "sent/rank", "compute", "comm", "exposed",
+           "step", "tokens/s"});
+  auto kind = [](const fp::KindTotals& k) {
+    return k.calls == 0 ? std::string("-") : std::to_string(k.calls) + " x, " + fp::format_bytes(static_cast<double>(k.logical_bytes));
+  };
+  for (const auto& s : p.strategies) {
+    t.add({s.parallelism.label(), kind(s.traffic.all_gather), kind(s.traffic.reduce_scatter), kind(s.traffic.all_reduce),
+           b(s.traffic.wire_bytes()), seconds(s.time.compute_s), seconds(s.time.comm_s), seconds(s.time.exposed_comm_s),
+           seconds(s.time.step_s), num(s.time.tokens_per_s, "%.3g")});
+  }
+  os << "Traffic per step (calls, logical bytes as CommStats counts them; sent/rank: ring bytes each rank sends) and "
+        "estimated time\n"
+     << t.str();
+  if (!p.strategies.empty() && !p.strategies.front().peak.activations_known) {
+    os << "(a parameter-count model: no activations; FLOPs 6 x params x tokens)\n";
+  }
+  const fp::Recommendation& r = p.recommendation;
+  os << "\nRecommendation: ";
+  switch (r.kind) {
+    case fp::RecommendationKind::kDataParallel: os << r.choice.label() << " at N = " << N; break;
+    case fp::RecommendationKind::kMoreRanks: os << "full_shard at N >= " << r.min_world_size; break;
+    case fp::RecommendationKind::kModelParallel: os << "tensor or pipeline parallelism"; break;
+  }
+  if (r.activation_checkpointing) os << ", with activation checkpointing";
+  os << "\n  why: " << r.reason << ".\n";
+  return os.str();
+}
+
+}  // namespace apps::plan

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Tests of the fsdp-plan program as a user runs it, run by ctest (apps/CMakeLists.txt).
+
+  plan_cli.py --bin build/bin/fsdp-plan
+      * the headline figures (issue 14): a 7B model with AdamW in mixed precision needs 16 bytes per
+        parameter, 112 GB per rank under DDP and 14 GB per rank with FULL_SHARD at N = 8, in the
+        --json output and in the terminal table;
+      * Llama-2-13B on 64 H100s: a recommendation that is not DDP (13B x 16 B = 208 GB > 80 GB),
+        whose reason the output states;
+      * bad flags exit 2 with one line "fsdp-plan: error: ..." on stderr;
+      * --calibrate under mpirun -n 2 writes a profile that --profile reads back (skipped without
+        mpirun).
+
+Exit 0: pass; anything else: fail.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+FAILURES = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print("FAIL: " + what, file=sys.stderr)
+
+
+def plan(bin_path, *args, expect_rc=0):
+    p = subprocess.run([bin_path, *args], capture_output=True, text=True, timeout=60)
+    check(p.returncode == expect_rc,
+          f"fsdp-plan {' '.join(args)}: exit {p.returncode}, expected {expect_rc}; stderr: {p.stderr.strip()}")
+    return p
+
+
+def by_strategy(doc):
+    return {s["label"]: s for s in doc["strategies"]}
+
+
+def headline(bin_path):
+    args = ["--params", "7e9", "--world-size", "8", "--mixed-precision", "bf16"]
+    doc = json.loads(plan(bin_path, *args, "--json").stdout)
+    check(doc["bytes_per_param"]["engine"]["total"] == 16, "16 bytes per parameter (engine split)")
+    check(doc["bytes_per_param"]["zero_paper"]["optimizer"] == 12, "ZeRO's K = 12 for mixed-precision Adam")
+    s = by_strategy(doc)
+    check(s["no_shard"]["model_state"]["total_bytes"] == 112_000_000_000,
+          f"no_shard state {s['no_shard']['model_state']['total_bytes']}, expected 112e9")
+    check(s["full_shard"]["model_state"]["total_bytes"] == 14_000_000_000,
+          f"full_shard state {s['full_shard']['model_state']['total_bytes']}, expected 14e9")
+    check(not s["no_shard"]["fits"], "112 GB of DDP model state cannot fit in 80 GB")
+    text = plan(bin_path, *args).stdout
+    rows = {}  # the first table (memory) names each strategy first
+    for line in text.splitlines():
+        if line.split():
+            rows.setdefault(line.split()[0], line)
+    check("112.0 GB" in rows.get("no_shard", ""), "the table's no_shard row shows 112.0 GB")
+    check("14.0 GB" in rows.get("full_shard", ""), "the table's full_shard row shows 14.0 GB")
+
+
+def llama13b_on_64_h100(bin_path):
+    args = ["--model", "llama2-13b", "--world-size", "64", "--mixed-precision", "bf16", "--profile", "h100"]
+    doc = json.loads(plan(bin_path, *args, "--json").stdout)
+    r = doc["recommendation"]
+    check(r["kind"] == "data_parallel" and r["strategy"] != "no_shard",
+          f"13B on 64 H100s: a sharded data-parallel strategy, got {r['kind']} {r['label']}")
+    check(len(r["reason"]) > 40 and "GB" in r["reason"], f"the reason states the numbers: {r['reason']!r}")
+    text = plan(bin_path, *args).stdout
+    check(f"Recommendation: {r['label']} at N = 64" in text, "the table names the recommendation")
+    check("why: " + r["reason"] in text, "the table states the reason")
+
+
+def usage_errors(bin_path):
+    for args in (["--world-size", "0"], ["--strategy", "zero9"], ["--model", "gpt5"],
+                 ["--memory-per-rank", "eighty"], ["--strategy", "full_shard", "--hybrid-shard-group-size", "2"]):
+        p = plan(bin_path, *args, expect_rc=2)
+        lines = p.stderr.strip().splitlines()
+        check(len(lines) == 1 and lines[0].startswith("fsdp-plan: error:"),
+              f"{args}: one error line on stderr, got {p.stderr!r}")
+
+
+def calibrate(bin_path, tmp):
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        print("calibrate: skipped (no mpirun)")
+        return
+    out = os.path.join(tmp, "profile.json")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2", bin_path, "--calibrate",
+                        "--out", out, "--model", "nano", "--n-layer", "1", "--micro-batch-size", "2",
+                        "--seq-len", "64"], capture_output=True, text=True, timeout=180, env=env)
+    check(p.returncode == 0, f"--calibrate: exit {p.returncode}; {p.stderr.strip()}")
+    if p.returncode != 0:
+        return
+    with open(out) as f:
+        prof = json.load(f)
+    check(prof["calibration"]["world_size"] == 2, "the profile records the calibrated world size")
+    for kind in ("all_gather", "reduce_scatter", "all_reduce"):
+        link = prof["collectives"][kind]["intra_node"]
+        check(link["bandwidth_bytes_per_s"] > 1e6, f"{kind}: a measured bandwidth, got {link}")
+    check(prof["matmul_flops_per_s"]["fp32"] > 1e8, f"a measured fp32 rate: {prof['matmul_flops_per_s']}")
+    doc = json.loads(plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", out, "--json").stdout)
+    check(doc["profile"]["name"] == prof["name"], "--profile reads the calibrated file back")
+    check(all(s["time"]["step_s"] > 0 for s in doc["strategies"]), "a step time from the calibrated rates")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    a = ap.parse_args()
+    headline(a.bin)
+    llama13b_on_64_h100(a.bin)
+    usage_errors(a.bin)
+    with tempfile.TemporaryDirectory() as tmp:
+        calibrate(a.bin, tmp)
+    print(f"{len(FAILURES)} failure(s)")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+// The planner's answer (pure math): every strategy's memory, traffic and time for one model and
+// cluster, and the recommendation "DDP or FSDP, and which stage?" with its reason.
+// docs/planner.md, "Recommendation".
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/planner/memory.h"
+#include "fsdp/planner/model_spec.h"
+#include "fsdp/planner/profile.h"
+#include "fsdp/planner/setup.h"
+#include "fsdp/planner/time_model.h"
+#include "fsdp/planner/traffic.h"
+
+namespace fsdp::planner {
+
+/// Default share of the memory per rank kept free (docs/planner.md, "Headroom rule").
+constexpr double kDefaultHeadroom = 0.10;
+
+/// What to plan.
+struct PlanInputs {
+  ModelSpec model;
+  int64_t world_size = 1;
+  int64_t ranks_per_node = 0;  ///< 0: the profile's (capped at the world size)
+  /// One strategy to evaluate; none: all of them (hybrid_shard at each candidate group size).
+  std::optional<fsdp::ShardingStrategy> strategy;
+  /// hybrid_shard with `strategy` set: ranks per shard group; 0 = the ranks per node when they
+  /// divide the world size (else the world size)
+  int64_t hybrid_shard_group_size = 0;
+  StepSetup step;
+  DeviceProfile profile;
+  int64_t memory_per_rank_bytes = 0;  ///< 0: the profile's
+  double headroom = kDefaultHeadroom;
+  int64_t rank = 0;  ///< whose bytes (rank 0 holds the most real rows)
+};
+
+/// One strategy's numbers.
+struct StrategyPlan {
+  Parallelism parallelism;
+  ModelStateBytes state;        ///< exact, after an optimizer step
+  double closed_form_bytes = 0;  ///< the engine's closed form without padding
+  double zero_paper_bytes = 0;   ///< ZeRO section 5's formula (zero_paper_bytes_per_param)
+  PeakBytes peak;
+  StepTraffic traffic;
+  StepTime time;
+  bool fits = false;  ///< peak.peak_bytes <= usable bytes
+};
+
+/// What the planner recommends.
+enum class RecommendationKind {
+  kDataParallel,  ///< a strategy at the given world size (`choice`)
+  kMoreRanks,     ///< none fits; full_shard fits from `min_world_size` ranks
+  kModelParallel, ///< no data-parallel world size fits: tensor or pipeline parallelism is needed
+};
+/// "data_parallel", "more_ranks", "model_parallel".
+const char* to_string(RecommendationKind k);
+
+struct Recommendation {
+  RecommendationKind kind = RecommendationKind::kDataParallel;
+  Parallelism choice;          ///< kDataParallel: the strategy; kMoreRanks: full_shard at min_world_size
+  int64_t min_world_size = 0;  ///< kMoreRanks only
+  /// The choice needs activation checkpointing, which the inputs did not ask for.
+  bool activation_checkpointing = false;
+  std::string reason;          ///< why, with the numbers
+};
+
+/// The whole answer.
+struct Plan {
+  PlanInputs inputs;
+  int64_t memory_per_rank_bytes = 0;
+  int64_t usable_bytes = 0;  ///< memory_per_rank_bytes x (1 - headroom)
+  int64_t ranks_per_node = 1;
+  BytesPerParam engine_split, zero_paper_split;
+  std::vector<StrategyPlan> strategies;
+  Recommendation recommendation;
+};
+
+/// Evaluates one strategy.
+StrategyPlan plan_strategy(const PlanInputs& in, const Parallelism& par, int64_t usable_bytes);
+/// Evaluates the strategies and recommends one (docs/planner.md, "Recommendation"):
+///  1. no_shard (DDP) when it fits: it needs no gathers and the least traffic;
+///  2. else the fitting zero1 / shard_grad_op / hybrid_shard (each candidate G, growing) /
+///     full_shard with the smallest estimated step time (a later one in that order must be more
+///     than 1% faster to win);
+///  3. else rules 1-2 with activation checkpointing, when it was off;
+///  4. else the smallest world size beyond the given one (each size up to a node, then multiples
+///     of the ranks per node) at which full_shard fits, without and then with checkpointing;
+///  5. else model parallelism: what no data-parallel world size shards (the gathered units,
+///     their gradients, the activations) does not fit by itself.
+/// "Fits": predicted peak <= (1 - headroom) x memory per rank. Throws fsdp::Error
+/// (kInvalidArgument) for bad inputs (world size, hybrid size, headroom outside [0, 1)).
+Plan make_plan(const PlanInputs& in);
+
+/// The plan as JSON (docs/planner.md, "JSON output"): inputs, model, split of bytes per param,
+/// per strategy the model state by kind, the peak by kind, traffic by collective kind, step time;
+/// the recommendation.
+std::string plan_to_json(const Plan& plan);
+
+/// Hybrid group sizes the planner tries at world size N: the divisors G of N with 1 < G < N that
+/// divide the ranks per node or are a multiple of it.
+std::vector<int64_t> hybrid_candidates(int64_t world_size, int64_t ranks_per_node);
+
+/// Parses a byte count: "80GB" (10^9), "80GiB" (2^30), "512MiB", "1.5TB", "1e9", "123" (bytes).
+/// Throws fsdp::Error (kInvalidArgument) for anything else.
+int64_t parse_bytes(const std::string& text);
+/// "112.0 GB" style (decimal units, as the datasheets write them).
+std::string format_bytes(double bytes);
+
+}  // namespace fsdp::planner

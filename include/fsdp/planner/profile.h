@@ -1,0 +1,90 @@
+// Device and network profiles for the time model (pure math plus a JSON file format): matmul
+// FLOP rates per dtype, memory per rank, and latency-bandwidth parameters per collective kind for
+// links within a node and between nodes. docs/planner.md, "Profiles".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm/comm_stats.h"
+#include "fsdp/planner/setup.h"
+
+namespace fsdp::planner {
+
+/// alpha-beta parameters of one ring step: a collective over n ranks costs (n-1) x alpha_s plus
+/// its ring wire bytes (traffic.h) / bandwidth_bytes_per_s.
+struct LinkProfile {
+  double alpha_s = 0.0;                ///< latency of one ring step, seconds
+  double bandwidth_bytes_per_s = 0.0;  ///< bytes per second one rank sends (and receives) at once
+};
+
+/// Links of one collective kind within a node and between nodes.
+struct CollectiveLinks {
+  LinkProfile intra_node;
+  LinkProfile inter_node;
+};
+
+/// One point of a calibration: a collective of `logical_bytes` took `seconds` (median).
+struct CalibrationPoint {
+  int64_t logical_bytes = 0;
+  double seconds = 0.0;
+};
+
+/// Raw fit of one collective kind at the calibration's world size: t = alpha_s + beta_s_per_byte x
+/// logical bytes (least squares over the points).
+struct CalibrationFit {
+  double alpha_s = 0.0;
+  double beta_s_per_byte = 0.0;
+  std::vector<CalibrationPoint> points;
+};
+
+/// A machine as the time model sees it, per rank.
+struct DeviceProfile {
+  std::string name;         ///< "h100", "a100", or the calibrated machine's name
+  std::string description;  ///< one line
+  std::vector<std::string> sources;  ///< where each figure comes from (datasheet names, calibration)
+  int64_t memory_bytes = 0;          ///< memory per rank
+  int64_t ranks_per_node = 1;
+  double matmul_flops_per_s_fp32 = 0.0;  ///< matrix-product FLOP/s of one rank, fp32
+  double matmul_flops_per_s_bf16 = 0.0;  ///< bf16
+  double matmul_flops_per_s_fp16 = 0.0;  ///< fp16 (0: the bf16 rate)
+  /// Fraction of those rates a training step reaches (1: the rates as given). A datasheet's
+  /// figures are peaks: a step's estimate is then a lower bound.
+  double compute_efficiency = 1.0;
+  CollectiveLinks all_gather, reduce_scatter, all_reduce;
+  /// Calibrated profiles: the world size measured and the raw fits per kind (all_gather,
+  /// reduce_scatter, all_reduce); 0 and empty for datasheet profiles.
+  int64_t calibration_world_size = 0;
+  std::vector<CalibrationFit> fits;
+
+  /// The rate for a precision (fp16 falls back to bf16 when 0), times compute_efficiency.
+  double flops_per_s(Precision p) const;
+  /// The links of a collective kind (all-to-all and broadcast use all_reduce's).
+  const CollectiveLinks& links(fsdp::comm::CollectiveKind kind) const;
+};
+
+/// Built-in profiles: "a100" (DGX A100 node: 8 x A100 SXM4 80GB, NVLink 3 / NVSwitch, 8 x
+/// 200 Gb/s HDR InfiniBand) and "h100" (DGX H100 node: 8 x H100 SXM5 80GB, NVLink 4 / NVSwitch,
+/// 8 x 400 Gb/s NDR InfiniBand), vendor datasheet figures (each cited in `sources`). Throws
+/// fsdp::Error (kInvalidArgument) naming the known profiles.
+DeviceProfile builtin_profile(const std::string& name);
+std::vector<std::string> builtin_profile_names();
+
+/// The JSON form (docs/planner.md, "Profile file"). Throws fsdp::Error (kCorruptData) for a
+/// document that is not a profile (missing or negative fields, wrong types).
+DeviceProfile profile_from_json(const std::string& text);
+std::string profile_to_json(const DeviceProfile& profile);
+/// A built-in name, or a profile file. Throws fsdp::Error (kIo) when the file cannot be read,
+/// kCorruptData when it is not a profile.
+DeviceProfile load_profile(const std::string& name_or_path);
+
+/// Least-squares fit t = alpha + beta x bytes of `points` (alpha, beta clamped to >= 0). Throws
+/// fsdp::Error (kInvalidArgument) for fewer than 2 points.
+CalibrationFit fit_alpha_beta(const std::vector<CalibrationPoint>& points);
+/// The ring link a fit implies at world size n (n >= 2): all-gather / reduce-scatter alpha =
+/// fit alpha / (n-1), bandwidth = (n-1)/n / beta; all-reduce (two passes) alpha / (2(n-1)),
+/// 2(n-1)/n / beta. Throws fsdp::Error (kInvalidArgument) for n < 2.
+LinkProfile link_from_fit(fsdp::comm::CollectiveKind kind, const CalibrationFit& fit, int64_t n);
+
+}  // namespace fsdp::planner

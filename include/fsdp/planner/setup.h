@@ -1,0 +1,80 @@
+// What the planner is asked about (pure math): how the model is sharded and what one training
+// step does. docs/planner.md, "Inputs".
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "fsdp/runtime/options.h"
+
+namespace fsdp::planner {
+
+/// Mixed precision as fsdp-train's --mixed-precision sets it: param_dtype = reduce_dtype = the
+/// named dtype; the sharded master params, sharded grads and optimizer state stay fp32.
+enum class Precision { kFp32, kBf16, kFp16 };
+/// "fp32", "bf16", "fp16".
+std::string to_string(Precision p);
+/// Inverse of to_string; throws fsdp::Error (kInvalidArgument) naming the accepted values.
+Precision parse_precision(const std::string& name);
+/// Bytes per element of the unsharded params, the all-gather and the activations: 4 or 2.
+int64_t param_bytes_per_elem(Precision p);
+/// Bytes per element of the gradient reduction (reduce_dtype): 4 or 2.
+int64_t reduce_bytes_per_elem(Precision p);
+
+/// The optimizer, for its state per trainable element (the engine's optimizer-state adapter).
+enum class OptimizerKind {
+  kAdamW,        ///< exp_avg + exp_avg_sq: 8 bytes per element (fp32)
+  kSgdMomentum,  ///< momentum_buffer: 4 bytes per element
+  kSgd,          ///< no state
+};
+/// "adamw", "sgd-momentum", "sgd".
+std::string to_string(OptimizerKind o);
+/// Inverse of to_string (also "adam"); throws fsdp::Error (kInvalidArgument).
+OptimizerKind parse_optimizer(const std::string& name);
+/// fp32 state bytes per trainable element: 8, 4 or 0.
+int64_t optimizer_bytes_per_elem(OptimizerKind o);
+
+/// How the units are sharded over the ranks.
+struct Parallelism {
+  fsdp::ShardingStrategy strategy = fsdp::ShardingStrategy::kFullShard;
+  int64_t world_size = 1;
+  /// hybrid_shard only: ranks per shard group (must divide world_size); 0 = the whole group.
+  int64_t hybrid_shard_group_size = 0;
+  /// Ranks per node (for intra- vs inter-node links); 0 = all ranks on one node.
+  int64_t ranks_per_node = 0;
+
+  /// Ranks a unit's rows are spread over: 1 (no_shard), G (hybrid_shard), else world_size.
+  int64_t shard_group_size() const;
+  /// Ranks holding the same rows: world_size / shard_group_size().
+  int64_t num_replicas() const;
+  /// ranks_per_node, or world_size when 0.
+  int64_t node_size() const { return ranks_per_node > 0 ? ranks_per_node : world_size; }
+  /// Throws fsdp::Error (kInvalidArgument) for world_size < 1, a hybrid size that does not divide
+  /// the world size (or is set with another strategy), ranks_per_node < 0.
+  void validate() const;
+  /// "full_shard", or "hybrid_shard(G=8)".
+  std::string label() const;
+};
+
+/// One training step as fsdp-train runs it.
+struct StepSetup {
+  Precision precision = Precision::kFp32;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  int64_t micro_batch_size = 1;    ///< sequences per forward per rank
+  int64_t seq_len = 128;           ///< tokens per sequence
+  int64_t accumulation_steps = 1;  ///< micro-batches per optimizer step (gradient sync on the last)
+  /// Only each block's input is kept in forward; the block's forward runs again in its backward.
+  bool activation_checkpointing = false;
+  bool forward_prefetch = true;    ///< fsdp-train's default (the library's is false)
+  bool backward_prefetch = true;
+  int max_unsharded_units = fsdp::kDefaultMaxUnshardedUnits;
+  int64_t bucket_cap_bytes = fsdp::kDefaultBucketCapBytes;  ///< no_shard's all-reduce buckets
+  /// fsdp-train computes the global grad norm every step: one all-reduce of 2 doubles (16 bytes).
+  bool clip_grad_norm = true;
+  /// Loss scaling (fsdp-train uses it with fp16): one all-reduce of an int64 flag per step.
+  bool loss_scaling = false;
+  /// Throws fsdp::Error (kInvalidArgument) for non-positive sizes.
+  void validate() const;
+};
+
+}  // namespace fsdp::planner

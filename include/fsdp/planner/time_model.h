@@ -1,0 +1,56 @@
+// Step time (pure math): compute from FLOPs at the profile's matmul rate, communication from an
+// alpha-beta ring model per collective, and how much of it the compute hides given the engine's
+// issue order and prefetch. docs/planner.md, "Time model" (and its limits).
+#pragma once
+
+#include <cstdint>
+
+#include "fsdp/planner/model_spec.h"
+#include "fsdp/planner/profile.h"
+#include "fsdp/planner/setup.h"
+
+namespace fsdp::planner {
+
+/// Matmul FLOPs of one unit for one micro-batch of tau = B x T tokens (PaLM, Chowdhery et al.
+/// 2022, appendix B: 6N + 12 L H Q T per token for forward + backward): forward = 2 x (the unit's
+/// matmul params) x tau, plus attention 4 x T x C x tau in a block (QK^T and AV, the full T x T
+/// counted); backward = 2 x forward; activation checkpointing adds one more forward of each block
+/// to its backward. The root's matmul is the head (V x C). A parameter-count model: 2 x params x
+/// tau per unit forward.
+struct UnitFlops {
+  double forward = 0.0;
+  double backward = 0.0;
+};
+UnitFlops unit_flops(const ModelSpec& model, int64_t unit, const StepSetup& setup);
+/// FLOPs of one rank for one optimizer step (all micro-batches).
+double step_flops(const ModelSpec& model, const StepSetup& setup);
+
+/// Modeled seconds of one collective of `logical_bytes` over n ranks: (n-1) alpha + ring wire
+/// bytes / bandwidth for all-gather and reduce-scatter, 2(n-1) alpha + 2(n-1)/n bytes / bandwidth
+/// for all-reduce; the inter-node link when the group crosses nodes (every ring step then waits for
+/// its slowest hop); 0 for n = 1.
+double collective_time_s(const DeviceProfile& profile, fsdp::comm::CollectiveKind kind, int64_t logical_bytes,
+                         int64_t n, bool crosses_nodes);
+
+/// Estimated time of one step on one rank.
+struct StepTime {
+  double flops = 0.0;           ///< per rank per step
+  double compute_s = 0.0;       ///< flops / profile rate for the precision
+  double comm_s = 0.0;          ///< sum of the modeled durations of every collective of the step
+  double exposed_comm_s = 0.0;  ///< step_s - compute_s: communication compute did not hide
+  double step_s = 0.0;
+  double tokens_per_s = 0.0;    ///< all ranks: world x accumulation x micro x seq / step_s
+};
+
+/// Replays one step as the engine runs it: one compute thread; one communication queue per
+/// process group, run in issue order; forward prefetch of the next unit and backward prefetch of
+/// the previous one within max_unsharded_units (shard_grad_op's kept units count, so its prefetch
+/// stops after the bound); each reduce-scatter waited for when the next one is issued, hybrid's
+/// replica all-reduce after it on the compute thread; no_shard's buckets issued as each unit's
+/// backward ends and waited for at the end; the root's reduce-scatter at the end of backward; the
+/// grad-norm all-reduce after backward. The optimizer step's own time is not modeled.
+/// Throws fsdp::Error (kInvalidArgument) for a bad parallelism or setup, or a profile with no rate.
+StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, const StepSetup& setup,
+                            const DeviceProfile& profile);
+
+}  // namespace fsdp::planner

@@ -1,0 +1,102 @@
+#include "fsdp/planner/activations.h"
+
+namespace fsdp::planner {
+namespace {
+
+struct Builder {
+  std::vector<SavedTensor>* out;
+  void add(const std::string& name, const std::string& formula, int64_t bytes) {
+    out->push_back(SavedTensor{name, formula, bytes});
+  }
+};
+
+int64_t sum(const std::vector<SavedTensor>& ts) {
+  int64_t n = 0;
+  for (const auto& t : ts) n += t.bytes;
+  return n;
+}
+
+}  // namespace
+
+std::string resolve_gpt_attention(const std::string& attention, Precision precision, int64_t seq_len) {
+  const bool low = precision != Precision::kFp32;
+  return attention == "math" || (attention == "auto" && low && seq_len <= 256) ? "math" : "flash";
+}
+
+ActivationModel activation_model(const ModelSpec& model, const StepSetup& setup) {
+  ActivationModel m;
+  const Architecture& A = model.arch;
+  if (A.kind == BlockKind::kNone) return m;
+  m.known = true;
+  const int64_t B = setup.micro_batch_size, T = setup.seq_len, C = A.n_embd, H = A.n_head;
+  const int64_t V = A.vocab_size, I = A.ffn_hidden, Ckv = A.kv_width();
+  const int64_t a = param_bytes_per_elem(setup.precision);  // activation dtype = param dtype
+  const int64_t BT = B * T, BTC = BT * C;
+  Builder blk{&m.block}, root{&m.root};
+
+  if (A.kind == BlockKind::kGpt) {
+    m.attention_kernel = resolve_gpt_attention(A.attention, setup.precision, T);
+    blk.add("ln_1 input (the block input x)", "B*T*C*a", BTC * a);
+    blk.add("ln_1 mean and rstd", "2*B*T*a", 2 * BT * a);
+    blk.add("ln_1 output (c_attn input)", "B*T*C*a", BTC * a);
+    if (m.attention_kernel == "flash") {
+      blk.add("qkv (c_attn output; q, k, v are views the attention kernel saves)", "3*B*T*C*a", 3 * BTC * a);
+      blk.add("attention output (also c_proj's input: the kernel returns a transposed view of a "
+              "(B,T,H,D) buffer, so .contiguous() copies nothing)",
+              "B*T*C*a", BTC * a);
+      blk.add("attention logsumexp (fp32)", "B*H*T*4", B * H * T * 4);
+    } else {
+      blk.add("q, k^T, v as contiguous bmm inputs (matmul copies the strided views)", "3*B*T*C*a",
+              3 * BTC * a);
+      blk.add("softmax output (fp32)", "B*H*T*T*4", B * H * T * T * 4);
+      if (a != 4) blk.add("probabilities in the activation dtype (probs @ v input)", "B*H*T*T*a", B * H * T * T * a);
+      blk.add("causal mask (bool)", "T*T", T * T);
+      blk.add("attention output made contiguous (c_proj input)", "B*T*C*a", BTC * a);
+    }
+    blk.add("x + attn (ln_2 input)", "B*T*C*a", BTC * a);
+    blk.add("ln_2 mean and rstd", "2*B*T*a", 2 * BT * a);
+    blk.add("ln_2 output (c_fc input)", "B*T*C*a", BTC * a);
+    blk.add("c_fc output (GELU input)", "B*T*4C*a", BT * I * a);
+    blk.add("GELU output (mlp.c_proj input)", "B*T*4C*a", BT * I * a);
+
+    root.add("token ids (wte lookup)", "B*T*8", BT * 8);
+    root.add("positions (wpe lookup)", "T*8", T * 8);
+    root.add("ln_f input (the last block's output)", "B*T*C*a", BTC * a);
+    root.add("ln_f mean and rstd", "2*B*T*a", 2 * BT * a);
+    root.add("ln_f output (head input)", "B*T*C*a", BTC * a);
+  } else {  // kLlama
+    m.attention_kernel = "flash";
+    blk.add("input_layernorm input (the block input x)", "B*T*C*a", BTC * a);
+    blk.add("input_layernorm rstd (fp32)", "B*T*4", BT * 4);
+    blk.add("input_layernorm output (q/k/v input)", "B*T*C*a", BTC * a);
+    blk.add("q after RoPE", "B*T*C*a", BTC * a);
+    blk.add("k after RoPE, v", "2*B*T*Ckv*a", 2 * BT * Ckv * a);
+    blk.add("attention output (o_proj input)", "B*T*C*a", BTC * a);
+    blk.add("attention logsumexp (fp32)", "B*H*T*4", B * H * T * 4);
+    blk.add("x + attn (post_attention_layernorm input)", "B*T*C*a", BTC * a);
+    blk.add("post_attention_layernorm rstd (fp32)", "B*T*4", BT * 4);
+    blk.add("post_attention_layernorm output (gate/up input)", "B*T*C*a", BTC * a);
+    blk.add("gate_proj output (SiLU input), SiLU output, up_proj output, their product (down_proj "
+            "input)",
+            "4*B*T*I*a", 4 * BT * I * a);
+
+    root.add("token ids (embedding lookup)", "B*T*8", BT * 8);
+    root.add("norm input (the last block's output)", "B*T*C*a", BTC * a);
+    root.add("norm rstd (fp32)", "B*T*4", BT * 4);
+    root.add("norm output (lm_head input)", "B*T*C*a", BTC * a);
+  }
+  // The loss (gpt_loss: cross entropy on the fp32 logits; the root unit casts its output to fp32).
+  root.add("log-probabilities (log_softmax output, fp32)", "B*T*V*4", BT * V * 4);
+  root.add("targets and nll_loss's total weight", "B*T*8 + 4", BT * 8 + 4);
+
+  m.block_bytes = sum(m.block);
+  m.block_input_bytes = BTC * a;
+  m.root_bytes = sum(m.root);
+  m.root_lookup_bytes = A.kind == BlockKind::kGpt ? BT * 8 + T * 8 : BT * 8;
+  m.loss_transient_bytes = 2 * BT * V * 4;
+  const int64_t per_block = setup.activation_checkpointing ? m.block_input_bytes : m.block_bytes;
+  m.total_saved_bytes = A.n_layer * per_block + m.root_bytes;
+  return m;
+}
+
+}  // namespace fsdp::planner

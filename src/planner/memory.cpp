@@ -1,0 +1,259 @@
+#include "fsdp/planner/memory.h"
+
+#include <algorithm>
+
+#include "fsdp/common/check.h"
+#include "fsdp/planner/activations.h"
+#include "fsdp/shard/layout.h"
+
+namespace fsdp::planner {
+namespace {
+
+using S = fsdp::ShardingStrategy;
+const ErrorContext kWhere{-1, "", "planner memory"};
+
+void check_rank(const Parallelism& par, int64_t rank) {
+  par.validate();
+  FSDP_CHECK(rank >= 0 && rank < par.world_size, ErrorKind::kInvalidArgument, kWhere,
+             expected_actual("rank", str_cat("in [0, ", par.world_size, ")"), rank));
+}
+
+// Per-unit numbers of the model at this rank.
+std::vector<UnitNumbers> all_units(const ModelSpec& model, const Parallelism& par, int64_t rank) {
+  const int64_t G = par.shard_group_size();
+  std::vector<UnitNumbers> v;
+  for (const auto& u : model.units) v.push_back(unit_numbers(u, G, rank % G));
+  return v;
+}
+
+// The moments of a step, each a candidate for the peak.
+class Moments {
+ public:
+  explicit Moments(PeakBytes* best) : best_(best) {}
+  void consider(PeakBytes m) {
+    m.peak_bytes = m.persistent_bytes + m.sharded_grad_bytes + m.unsharded_param_bytes +
+                   m.unsharded_grad_bytes + m.activation_bytes + m.loss_transient_bytes +
+                   m.optimizer_temp_bytes;
+    if (m.peak_bytes > best_->peak_bytes || best_->moment.empty()) *best_ = m;
+  }
+
+ private:
+  PeakBytes* best_;
+};
+
+}  // namespace
+
+UnitNumbers unit_numbers(const UnitSpec& unit, int64_t shard_group_size, int64_t shard_rank) {
+  FSDP_CHECK(shard_group_size >= 1 && shard_rank >= 0 && shard_rank < shard_group_size,
+             ErrorKind::kInvalidArgument, kWhere, "shard group size ", shard_group_size, ", shard rank ",
+             shard_rank);
+  UnitNumbers n;
+  for (const auto& p : unit.params) {
+    const auto s = fsdp::shard::ParamShardSpec::make(p.shape, shard_group_size);
+    n.numel += s.numel();
+    n.shard_numel += s.padded_shard_numel();
+    if (!p.trainable) continue;
+    n.trainable_numel += s.numel();
+    n.reduce_shard_numel += s.padded_shard_numel();
+    n.real_trainable_numel += s.real_numel(shard_rank);
+    n.largest_real_param = std::max(n.largest_real_param, s.real_numel(shard_rank));
+  }
+  n.gathered_numel = shard_group_size * n.shard_numel;
+  n.reduce_numel = shard_group_size * n.reduce_shard_numel;
+  return n;
+}
+
+ModelStateBytes model_state_bytes(const ModelSpec& model, const Parallelism& par, const StepSetup& setup,
+                                  int64_t rank) {
+  check_rank(par, rank);
+  const int64_t k = optimizer_bytes_per_elem(setup.optimizer);
+  const int64_t pb = param_bytes_per_elem(setup.precision);
+  ModelStateBytes m;
+  for (const auto& n : all_units(model, par, rank)) {
+    m.sharded_param_bytes += 4 * n.shard_numel;
+    m.sharded_grad_bytes += 4 * n.real_trainable_numel;
+    m.optim_state_bytes += k * n.real_trainable_numel;
+    if (par.strategy == S::kZero1) m.resident_unsharded_param_bytes += pb * n.gathered_numel;
+  }
+  return m;
+}
+
+BytesPerParam engine_bytes_per_param(Precision, OptimizerKind optimizer) {
+  return {4.0, 4.0, static_cast<double>(optimizer_bytes_per_elem(optimizer))};
+}
+
+BytesPerParam zero_paper_bytes_per_param(Precision precision, OptimizerKind optimizer) {
+  const double k = static_cast<double>(optimizer_bytes_per_elem(optimizer));
+  if (precision == Precision::kFp32) return {4.0, 4.0, k};
+  return {2.0, 2.0, 4.0 + k};  // the fp32 master copy joins the optimizer state: K = 12 for Adam
+}
+
+double zero_paper_model_state_bytes(const Parallelism& par, double P, const BytesPerParam& b) {
+  par.validate();
+  const double N = static_cast<double>(par.world_size);
+  switch (par.strategy) {
+    case S::kNoShard: return b.total() * P;
+    case S::kZero1: return (b.params + b.grads) * P + b.optimizer * P / N;
+    case S::kShardGradOp: return b.params * P + (b.grads + b.optimizer) * P / N;
+    case S::kFullShard: return b.total() * P / N;
+    case S::kHybridShard: return b.total() * P / static_cast<double>(par.shard_group_size());
+  }
+  return 0.0;
+}
+
+double closed_form_model_state_bytes(const Parallelism& par, double P, const StepSetup& setup) {
+  par.validate();
+  const double state = (8.0 + static_cast<double>(optimizer_bytes_per_elem(setup.optimizer))) * P /
+                       static_cast<double>(par.shard_group_size());
+  const double full = par.strategy == S::kZero1 ? static_cast<double>(param_bytes_per_elem(setup.precision)) * P : 0.0;
+  return state + full;
+}
+
+std::vector<int64_t> ddp_bucket_numels(const UnitSpec& unit, int64_t cap_bytes, int64_t reduce_bytes) {
+  FSDP_CHECK(cap_bytes >= 1 && reduce_bytes >= 1, ErrorKind::kInvalidArgument, kWhere,
+             "bucket cap ", cap_bytes, " and reduce bytes ", reduce_bytes, " must be >= 1");
+  const int64_t cap = cap_bytes / reduce_bytes;
+  std::vector<int64_t> buckets;
+  for (auto it = unit.params.rbegin(); it != unit.params.rend(); ++it) {
+    if (!it->trainable) continue;
+    const int64_t n = it->numel();
+    if (buckets.empty() || (buckets.back() > 0 && buckets.back() + n > cap)) buckets.push_back(0);
+    buckets.back() += n;
+  }
+  return buckets;
+}
+
+// [Note: peak moments] docs/planner.md, "Peak". A step's memory rises through forward (saved
+// activations, gathered units), is highest around the start of backward (every activation, the
+// loss's logits-sized gradients) or during the first blocks' backward (their gradients and
+// reduce-scatter buffers join), falls as backward frees activations, and rises again at the
+// optimizer step (all sharded gradients, AdamW temporaries). Each moment's bytes are summed from
+// what the engine holds then; the peak is the largest moment.
+PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepSetup& setup, int64_t rank) {
+  check_rank(par, rank);
+  setup.validate();
+  const ActivationModel act = activation_model(model, setup);
+  const std::vector<UnitNumbers> un = all_units(model, par, rank);
+  const int64_t L = model.num_blocks();
+  const int64_t pb = param_bytes_per_elem(setup.precision), rb = reduce_bytes_per_elem(setup.precision);
+  const ModelStateBytes state = model_state_bytes(model, par, setup, rank);
+  const S s = par.strategy;
+  const bool ddp = s == S::kNoShard, gathers_per_phase = s == S::kFullShard || s == S::kHybridShard;
+  const bool accumulating = setup.accumulation_steps > 1;
+
+  auto full_param = [&](size_t u) -> int64_t {  // transient full params of unit u while in use
+    if (s == S::kZero1) return 0;                // resident: part of the model state
+    if (ddp) return pb == 4 ? 0 : pb * un[u].numel;  // fp32 aliases the storage; else a cast copy
+    return pb * un[u].gathered_numel;
+  };
+  auto full_grad = [&](size_t u) { return pb * un[u].trainable_numel; };
+  // Reduce-scatter buffers: the input (G x the unit's trainable shard) and, with G > 1, the
+  // output shard; no_shard's bucket buffers (the unit's trainable elements, until backward ends).
+  auto reduce_input = [&](size_t u) -> int64_t {
+    return rb * (ddp ? un[u].trainable_numel : un[u].reduce_numel);
+  };
+  auto reduce_buffers = [&](size_t u) -> int64_t {
+    const int64_t out = !ddp && par.shard_group_size() > 1 ? rb * un[u].reduce_shard_numel : 0;
+    return reduce_input(u) + out;
+  };
+  auto sharded_grad = [&](size_t u) { return 4 * un[u].real_trainable_numel; };
+
+  // Full params alive at each moment. full_shard / hybrid_shard: the root (gathered from forward
+  // to the end of backward), the block in backward and the previous one its pre-backward
+  // prefetches (within max_unsharded_units); at the start of backward the last block was resharded
+  // after its forward and no block is gathered yet. shard_grad_op: every block from its forward to
+  // the end of its own backward. no_shard: the cast copies of every unit until the end of
+  // backward (none in fp32). zero1: none beyond its resident full params.
+  const bool prefetch_back = setup.backward_prefetch && setup.max_unsharded_units >= 2;
+  auto params_alive = [&](int64_t b) -> int64_t {  // b: the block in backward (0: none)
+    int64_t n = full_param(0);
+    if (gathers_per_phase) {
+      if (b >= 1) n += full_param(b) + (prefetch_back && b >= 2 ? full_param(b - 1) : 0);
+    } else if (s == S::kShardGradOp) {
+      for (int64_t j = 1; j <= b; ++j) n += full_param(j);
+    } else {
+      for (int64_t j = 1; j <= L; ++j) n += full_param(j);
+    }
+    return n;
+  };
+  int64_t all_grads = 0;
+  for (size_t u = 0; u < un.size(); ++u) all_grads += full_grad(u);
+  const int64_t saved_per_block = setup.activation_checkpointing ? act.block_input_bytes : act.block_bytes;
+
+  PeakBytes best;
+  Moments moments(&best);
+  PeakBytes base;
+  base.persistent_bytes = state.sharded_param_bytes + state.optim_state_bytes + state.resident_unsharded_param_bytes;
+  base.activations_known = act.known;
+
+  {  // Start of backward: every activation saved, the loss's gradient buffers.
+    PeakBytes m = base;
+    m.moment = "start of backward";
+    m.unsharded_param_bytes = params_alive(s == S::kShardGradOp ? L : 0);
+    m.unsharded_grad_bytes = accumulating ? all_grads : 0;
+    m.activation_bytes = act.total_saved_bytes;
+    m.loss_transient_bytes = act.known ? act.loss_transient_bytes : 0;
+    moments.consider(m);
+  }
+  // Backward of block b (units[b], b = L..1): its activations (recomputed under checkpointing),
+  // those of the blocks before it, its gradients and the reduce-scatter input they are packed
+  // into, the previous block's reduce-scatter still in flight, the root's gradients (reduced at the
+  // end of backward); with accumulation, the earlier blocks' accumulated full gradients.
+  int64_t reduced = 0, ddp_buffers = 0;
+  for (int64_t b = L; b >= 1; --b) {
+    PeakBytes m = base;
+    m.moment = "backward of " + model.units[b].name;
+    m.unsharded_param_bytes = params_alive(b);
+    int64_t grads = full_grad(0) + full_grad(b) + reduce_input(b);
+    if (ddp) {
+      grads += ddp_buffers;
+    } else if (b < L) {
+      grads += reduce_buffers(b + 1);
+    }
+    if (accumulating) {
+      for (int64_t j = 1; j < b; ++j) grads += full_grad(j);
+    }
+    m.unsharded_grad_bytes = grads;
+    m.sharded_grad_bytes = reduced;
+    m.activation_bytes = act.root_lookup_bytes + (b - 1) * saved_per_block + act.block_bytes;
+    moments.consider(m);
+    if (ddp) {
+      ddp_buffers += reduce_buffers(b);
+    } else if (b < L) {
+      reduced += sharded_grad(b + 1);
+    }
+  }
+  {  // End of backward: the root's gradient reduced last; no_shard's buckets all land.
+    PeakBytes m = base;
+    m.moment = "end of backward";
+    m.unsharded_param_bytes = params_alive(0);
+    if (ddp) {
+      int64_t largest_bucket = 0;
+      for (const auto& u : model.units) {
+        for (int64_t n : ddp_bucket_numels(u, setup.bucket_cap_bytes, rb)) largest_bucket = std::max(largest_bucket, n);
+      }
+      m.sharded_grad_bytes = state.sharded_grad_bytes;
+      m.unsharded_grad_bytes = rb * largest_bucket;
+    } else {
+      m.sharded_grad_bytes = state.sharded_grad_bytes - sharded_grad(0) - (L >= 1 ? sharded_grad(1) : 0);
+      m.unsharded_grad_bytes = full_grad(0) + reduce_input(0) + (L >= 1 ? reduce_buffers(1) : 0);
+    }
+    m.activation_bytes = act.root_lookup_bytes;
+    moments.consider(m);
+  }
+  {  // Optimizer step: every sharded gradient; AdamW's (sqrt(v) / c) + eps makes two temporaries
+     // of the parameter being updated.
+    PeakBytes m = base;
+    m.moment = "optimizer step";
+    m.sharded_grad_bytes = state.sharded_grad_bytes;
+    if (setup.optimizer == OptimizerKind::kAdamW) {
+      int64_t largest = 0;
+      for (const auto& n : un) largest = std::max(largest, n.largest_real_param);
+      m.optimizer_temp_bytes = 2 * 4 * largest;
+    }
+    moments.consider(m);
+  }
+  return best;
+}
+
+}  // namespace fsdp::planner

@@ -1,0 +1,296 @@
+#include "fsdp/planner/plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+
+#include "fsdp/common/check.h"
+
+namespace fsdp::planner {
+namespace {
+
+using S = fsdp::ShardingStrategy;
+const ErrorContext kWhere{-1, "", "planner"};
+constexpr int64_t kMaxWorldSize = 65536;  // the search for a world size at which full_shard fits
+
+Parallelism make_par(const PlanInputs& in, S s, int64_t world, int64_t rpn, int64_t hybrid) {
+  Parallelism p;
+  p.strategy = s;
+  p.world_size = world;
+  p.ranks_per_node = rpn;
+  p.hybrid_shard_group_size = s == S::kHybridShard ? hybrid : 0;
+  return p;
+}
+
+std::string gb(double bytes) { return format_bytes(bytes); }
+
+std::string seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), s < 0.01 ? "%.2e s" : "%.3g s", s);
+  return buf;
+}
+
+// Smallest world size > n (each size up to one node, then multiples of a node) at which
+// full_shard's peak fits; 0 when none up to kMaxWorldSize does.
+int64_t smallest_fitting_world(const PlanInputs& in, int64_t n, int64_t rpn, int64_t usable) {
+  std::vector<int64_t> cand;
+  for (int64_t w = n + 1; w <= std::min<int64_t>(rpn, kMaxWorldSize); ++w) cand.push_back(w);
+  for (int64_t w = (std::max(n, rpn) / rpn + 1) * rpn; w <= kMaxWorldSize; w += rpn) cand.push_back(w);
+  auto fits = [&](size_t i) {
+    const Parallelism p = make_par(in, S::kFullShard, cand[i], rpn, 0);
+    return peak_bytes(in.model, p, in.step, std::min(in.rank, cand[i] - 1)).peak_bytes <= usable;
+  };
+  // Exponential then binary search (the peak falls as the world grows, up to padding rows).
+  if (cand.empty()) return 0;
+  constexpr size_t kNone = static_cast<size_t>(-1);
+  size_t failed = kNone, probe = 0;
+  while (probe < cand.size() && !fits(probe)) {
+    failed = probe;
+    probe = probe == 0 ? 1 : probe * 2;
+  }
+  if (probe >= cand.size()) {
+    probe = cand.size() - 1;
+    if (probe == failed || !fits(probe)) return 0;
+  }
+  if (failed == kNone) return cand[probe];
+  size_t lo = failed, hi = probe;  // fits(lo) false, fits(hi) true
+  while (hi - lo > 1) {
+    const size_t mid = (lo + hi) / 2;
+    (fits(mid) ? hi : lo) = mid;
+  }
+  return cand[hi];
+}
+
+
+// Every strategy at world size n, in the order ties are broken: no_shard, zero1, shard_grad_op,
+// hybrid_shard by growing G, full_shard.
+std::vector<StrategyPlan> candidates(const PlanInputs& in, int64_t n, int64_t rpn, int64_t usable) {
+  std::vector<StrategyPlan> all;
+  all.push_back(plan_strategy(in, make_par(in, S::kNoShard, n, rpn, 0), usable));
+  all.push_back(plan_strategy(in, make_par(in, S::kZero1, n, rpn, 0), usable));
+  all.push_back(plan_strategy(in, make_par(in, S::kShardGradOp, n, rpn, 0), usable));
+  for (int64_t g : hybrid_candidates(n, rpn)) all.push_back(plan_strategy(in, make_par(in, S::kHybridShard, n, rpn, g), usable));
+  all.push_back(plan_strategy(in, make_par(in, S::kFullShard, n, rpn, 0), usable));
+  return all;
+}
+
+// The headroom and ordering rules over one world size's candidates: no_shard when it fits, else
+// the fastest fitting sharded strategy (a later one must be more than 1% faster to win). Sets
+// *reason; returns null when none fits.
+const StrategyPlan* choose(const std::vector<StrategyPlan>& all, const std::string& usable_text, std::string* reason) {
+  const StrategyPlan& ddp = all.front();
+  const StrategyPlan& fs = all.back();
+  if (ddp.fits) {
+    *reason = "no_shard (DDP) fits: peak " + gb(ddp.peak.peak_bytes) + " of " + usable_text +
+              ". It needs no all-gathers and moves the least data (" + gb(ddp.traffic.wire_bytes()) +
+              " sent per rank per step; full_shard " + gb(fs.traffic.wire_bytes()) + "), est. " +
+              seconds(ddp.time.step_s) + " per step";
+    return &ddp;
+  }
+  const StrategyPlan* best = nullptr;
+  std::string fitting;
+  for (size_t i = 1; i < all.size(); ++i) {
+    if (!all[i].fits) continue;
+    fitting += (fitting.empty() ? "" : ", ") + all[i].parallelism.label() + " " + gb(all[i].peak.peak_bytes) + " / " +
+               seconds(all[i].time.step_s);
+    if (best == nullptr || all[i].time.step_s < best->time.step_s * 0.99) best = &all[i];
+  }
+  if (best == nullptr) return nullptr;
+  *reason = "no_shard (DDP) needs " + gb(ddp.peak.peak_bytes) + " per rank at its peak, more than " + usable_text +
+            ". Fitting (peak / est. step): " + fitting + ". " + best->parallelism.label() +
+            " is the fastest that fits (ties within 1% go to the lower stage)";
+  return best;
+}
+
+// What full_shard cannot shard at its peak: gathered units, their gradients and reduce buffers,
+// activations and the loss's buffers.
+int64_t unshardable_bytes(const PeakBytes& p) {
+  return p.unsharded_param_bytes + p.unsharded_grad_bytes + p.activation_bytes + p.loss_transient_bytes;
+}
+
+// [Note: recommendation order] docs/planner.md, "Recommendation": at the given N as asked; at N
+// with activation checkpointing; more ranks as asked; more ranks with checkpointing; else
+// tensor or pipeline parallelism.
+Recommendation recommend(const PlanInputs& in, const std::vector<StrategyPlan>& all, int64_t rpn, int64_t usable,
+                         const std::string& usable_text) {
+  const int64_t N = in.world_size;
+  Recommendation rec;
+  std::string why;
+  if (const StrategyPlan* best = choose(all, usable_text, &why)) {
+    rec.choice = best->parallelism;
+    rec.reason = why;
+    return rec;
+  }
+  const PeakBytes& fp = all.back().peak;
+  const std::string none_text = "no data-parallel strategy fits at N = " + std::to_string(N) +
+                                (in.step.activation_checkpointing ? "" : " without activation checkpointing") +
+                                ": full_shard needs " + gb(fp.peak_bytes) + " (" + fp.moment + "), more than " + usable_text;
+  auto more_ranks = [&](const PlanInputs& x, const PeakBytes& p) -> int64_t {
+    return unshardable_bytes(p) <= usable ? smallest_fitting_world(x, N, rpn, usable) : 0;
+  };
+  const int64_t n_fit = more_ranks(in, fp);
+  PlanInputs ck = in;
+  ck.step.activation_checkpointing = true;
+  std::vector<StrategyPlan> all_ck;
+  if (!in.step.activation_checkpointing) {
+    all_ck = candidates(ck, N, rpn, usable);
+    if (const StrategyPlan* best = choose(all_ck, usable_text, &why)) {
+      rec.choice = best->parallelism;
+      rec.activation_checkpointing = true;
+      rec.reason = none_text + ". With activation checkpointing (each block keeps only its input and recomputes "
+                   "its forward in backward, +1/3 of the block FLOPs): " + why +
+                   (n_fit > 0 ? "; or, without it, full_shard fits from N = " + std::to_string(n_fit) : "");
+      return rec;
+    }
+  }
+  if (n_fit > 0) {
+    rec.kind = RecommendationKind::kMoreRanks;
+    rec.min_world_size = n_fit;
+    rec.choice = make_par(in, S::kFullShard, n_fit, rpn, 0);
+    const PeakBytes p = peak_bytes(in.model, rec.choice, in.step, std::min(in.rank, n_fit - 1));
+    rec.reason = none_text + (in.step.activation_checkpointing ? "" : ", nor with activation checkpointing") +
+                 ". full_shard fits from N = " + std::to_string(n_fit) + " ranks (peak " + gb(p.peak_bytes) + ")";
+    return rec;
+  }
+  const PeakBytes& fck = all_ck.empty() ? fp : all_ck.back().peak;
+  const int64_t n_fit_ck = all_ck.empty() ? 0 : more_ranks(ck, fck);
+  if (n_fit_ck > 0) {
+    rec.kind = RecommendationKind::kMoreRanks;
+    rec.min_world_size = n_fit_ck;
+    rec.activation_checkpointing = true;
+    rec.choice = make_par(ck, S::kFullShard, n_fit_ck, rpn, 0);
+    const PeakBytes p = peak_bytes(ck.model, rec.choice, ck.step, std::min(in.rank, n_fit_ck - 1));
+    rec.reason = none_text + ", nor with activation checkpointing (" + gb(fck.peak_bytes) +
+                 "), and more ranks alone do not help (what full_shard cannot shard, " + gb(unshardable_bytes(fp)) +
+                 ", exceeds the usable memory). With activation checkpointing full_shard fits from N = " +
+                 std::to_string(n_fit_ck) + " ranks (peak " + gb(p.peak_bytes) + ")";
+    return rec;
+  }
+  const PeakBytes& f = fck;
+  rec.kind = RecommendationKind::kModelParallel;
+  rec.choice = all.back().parallelism;
+  rec.reason = none_text + ". More ranks do not help" +
+               std::string(in.step.activation_checkpointing ? "" : ", even with activation checkpointing") +
+               ": what data parallelism cannot shard (gathered units " + gb(f.unsharded_param_bytes) +
+               ", their gradients and reduce buffers " + gb(f.unsharded_grad_bytes) + ", activations of one micro-batch " +
+               gb(f.activation_bytes + f.loss_transient_bytes) + ") needs " + gb(unshardable_bytes(f)) + " by itself" +
+               (unshardable_bytes(f) <= usable ? " with the shards of up to " + std::to_string(kMaxWorldSize) + " ranks" : "") +
+               ": tensor or pipeline parallelism is needed (or a smaller micro-batch)";
+  return rec;
+}
+
+}  // namespace
+
+const char* to_string(RecommendationKind k) {
+  switch (k) {
+    case RecommendationKind::kDataParallel: return "data_parallel";
+    case RecommendationKind::kMoreRanks: return "more_ranks";
+    case RecommendationKind::kModelParallel: return "model_parallel";
+  }
+  return "?";
+}
+
+std::vector<int64_t> hybrid_candidates(int64_t world_size, int64_t ranks_per_node) {
+  std::vector<int64_t> out;
+  const int64_t node = ranks_per_node > 0 ? ranks_per_node : world_size;
+  for (int64_t g = 2; g < world_size; ++g) {
+    if (world_size % g == 0 && (node % g == 0 || g % node == 0)) out.push_back(g);
+  }
+  return out;
+}
+
+StrategyPlan plan_strategy(const PlanInputs& in, const Parallelism& par, int64_t usable_bytes) {
+  StrategyPlan sp;
+  sp.parallelism = par;
+  const int64_t rank = std::min(in.rank, par.world_size - 1);
+  const double P = static_cast<double>(in.model.num_params());
+  sp.state = model_state_bytes(in.model, par, in.step, rank);
+  sp.closed_form_bytes = closed_form_model_state_bytes(par, P, in.step);
+  sp.zero_paper_bytes =
+      zero_paper_model_state_bytes(par, P, zero_paper_bytes_per_param(in.step.precision, in.step.optimizer));
+  sp.peak = peak_bytes(in.model, par, in.step, rank);
+  sp.traffic = step_traffic(in.model, par, in.step);
+  sp.time = estimate_step_time(in.model, par, in.step, in.profile);
+  sp.fits = sp.peak.peak_bytes <= usable_bytes;
+  return sp;
+}
+
+Plan make_plan(const PlanInputs& in) {
+  FSDP_CHECK(in.world_size >= 1, ErrorKind::kInvalidArgument, kWhere,
+             expected_actual("world size", ">= 1", in.world_size));
+  FSDP_CHECK(in.headroom >= 0.0 && in.headroom < 1.0, ErrorKind::kInvalidArgument, kWhere,
+             expected_actual("headroom", "in [0, 1)", in.headroom));
+  FSDP_CHECK(in.rank >= 0 && in.rank < in.world_size, ErrorKind::kInvalidArgument, kWhere,
+             expected_actual("rank", str_cat("in [0, ", in.world_size, ")"), in.rank));
+  in.step.validate();
+  Plan plan;
+  plan.inputs = in;
+  const int64_t N = in.world_size;
+  const int64_t rpn = std::max<int64_t>(1, in.ranks_per_node > 0 ? in.ranks_per_node : in.profile.ranks_per_node);
+  plan.ranks_per_node = rpn;
+  plan.memory_per_rank_bytes = in.memory_per_rank_bytes > 0 ? in.memory_per_rank_bytes : in.profile.memory_bytes;
+  FSDP_CHECK(plan.memory_per_rank_bytes > 0, ErrorKind::kInvalidArgument, kWhere,
+             "no memory per rank: the profile has none and none was given");
+  plan.usable_bytes = static_cast<int64_t>(std::floor(static_cast<double>(plan.memory_per_rank_bytes) * (1.0 - in.headroom)));
+  plan.engine_split = engine_bytes_per_param(in.step.precision, in.step.optimizer);
+  plan.zero_paper_split = zero_paper_bytes_per_param(in.step.precision, in.step.optimizer);
+  const int64_t usable = plan.usable_bytes;
+
+  // Every candidate, in the order ties are broken.
+  const std::vector<StrategyPlan> all = candidates(in, N, rpn, usable);
+  if (in.strategy) {
+    int64_t g = in.hybrid_shard_group_size;
+    if (*in.strategy == S::kHybridShard && g == 0) g = (N % rpn == 0 && rpn < N) ? rpn : N;
+    plan.strategies.push_back(plan_strategy(in, make_par(in, *in.strategy, N, rpn, g), usable));
+  } else {
+    plan.strategies = all;
+  }
+  const std::string usable_text = gb(static_cast<double>(usable)) + " usable (" +
+                                  gb(static_cast<double>(plan.memory_per_rank_bytes)) + " per rank less " +
+                                  std::to_string(static_cast<int>(std::lround(in.headroom * 100))) + "% headroom)";
+  plan.recommendation = recommend(in, all, rpn, usable, usable_text);
+  return plan;
+}
+
+int64_t parse_bytes(const std::string& text) {
+  size_t i = 0;
+  double v = 0.0;
+  try {
+    v = std::stod(text, &i);
+  } catch (const std::exception&) {
+    throw Error(ErrorKind::kInvalidArgument, kWhere, expected_actual("a byte count like 80GB, 80GiB or 512MiB", "", "'" + text + "'"));
+  }
+  std::string unit = text.substr(i);
+  unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char c) { return std::isspace(c); }), unit.end());
+  std::string u;
+  for (char c : unit) u += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double mult = 0.0;
+  if (u.empty() || u == "b") mult = 1.0;
+  else if (u == "kb") mult = 1e3;
+  else if (u == "mb") mult = 1e6;
+  else if (u == "gb") mult = 1e9;
+  else if (u == "tb") mult = 1e12;
+  else if (u == "kib") mult = 1024.0;
+  else if (u == "mib") mult = 1024.0 * 1024;
+  else if (u == "gib") mult = 1024.0 * 1024 * 1024;
+  else if (u == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
+  FSDP_CHECK(mult > 0.0 && v >= 0.0 && std::isfinite(v), ErrorKind::kInvalidArgument, kWhere,
+             expected_actual("a byte count like 80GB, 80GiB or 512MiB", "", "'" + text + "'"));
+  return static_cast<int64_t>(std::llround(v * mult));
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB", "PB"};
+  int i = 0;
+  double v = bytes;
+  while (std::fabs(v) >= 1000.0 && i < 5) {
+    v /= 1000.0;
+    ++i;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), i == 0 ? "%.0f %s" : "%.1f %s", v, units[i]);
+  return buf;
+}
+
+}  // namespace fsdp::planner

@@ -1,0 +1,247 @@
+#include "fsdp/planner/profile.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "fsdp/common/check.h"
+
+namespace fsdp::planner {
+namespace {
+
+using json = nlohmann::json;
+using K = fsdp::comm::CollectiveKind;
+const ErrorContext kWhere{-1, "", "planner profile"};
+
+// [Note: built-in profiles] Figures from the vendors' datasheets, per GPU. NVLink's "900GB/s" and
+// "600GB/s" are bidirectional totals: a ring sends and receives at once, so a rank's bandwidth is
+// half. InfiniBand: one single-port adapter per GPU (DGX), its line rate in bytes. Matmul rates
+// are the dense Tensor Core peaks (the datasheets print them "with sparsity", twice the dense
+// figure), fp32 the non-tensor FP32 peak (PyTorch runs fp32 matmuls without TF32 by default).
+// The per-step latencies alpha are not datasheet figures: they are assumed (typical of NCCL's
+// small-message latency) and say so in `sources`.
+DeviceProfile dgx(const std::string& name) {
+  DeviceProfile p;
+  p.name = name;
+  p.ranks_per_node = 8;
+  p.memory_bytes = 80'000'000'000;  // the datasheets' "80GB"
+  LinkProfile nvlink, ib;
+  nvlink.alpha_s = 2e-6;
+  ib.alpha_s = 6e-6;
+  if (name == "h100") {
+    p.description = "DGX H100 node: 8 x H100 SXM5 80GB, NVLink 4 + NVSwitch, 8 x 400 Gb/s InfiniBand";
+    p.sources = {
+        "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: FP32 67 TFLOPS; BF16 and FP16 Tensor Core "
+        "1,979 TFLOPS with sparsity (989.5 dense, used here); GPU memory 80GB; NVLink 900GB/s "
+        "(bidirectional: 450 GB/s per direction used here)",
+        "NVIDIA DGX H100 datasheet: 8 x H100, 4 x NVSwitch, 8 x single-port ConnectX-7 VPI up to "
+        "400 Gb/s InfiniBand (one per GPU: 50 GB/s per direction used here)",
+        "alpha (latency per ring step) 2 us within a node, 6 us between nodes: assumed, not from a "
+        "datasheet"};
+    p.matmul_flops_per_s_fp32 = 67e12;
+    p.matmul_flops_per_s_bf16 = 989.5e12;
+    p.matmul_flops_per_s_fp16 = 989.5e12;
+    nvlink.bandwidth_bytes_per_s = 450e9;
+    ib.bandwidth_bytes_per_s = 50e9;
+  } else {
+    p.description = "DGX A100 node: 8 x A100 SXM4 80GB, NVLink 3 + NVSwitch, 8 x 200 Gb/s HDR InfiniBand";
+    p.sources = {
+        "NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM: FP32 19.5 TFLOPS; BF16 and FP16 Tensor "
+        "Core 312 TFLOPS (624 with sparsity); GPU memory 80GB HBM2e; NVLink 600GB/s (bidirectional: "
+        "300 GB/s per direction used here)",
+        "NVIDIA DGX A100 datasheet: 8 x A100 80GB, 6 x NVSwitch, 8 x single-port ConnectX-6 VPI "
+        "200 Gb/s HDR InfiniBand (one per GPU: 25 GB/s per direction used here)",
+        "alpha (latency per ring step) 2 us within a node, 6 us between nodes: assumed, not from a "
+        "datasheet"};
+    p.matmul_flops_per_s_fp32 = 19.5e12;
+    p.matmul_flops_per_s_bf16 = 312e12;
+    p.matmul_flops_per_s_fp16 = 312e12;
+    nvlink.bandwidth_bytes_per_s = 300e9;
+    ib.bandwidth_bytes_per_s = 25e9;
+  }
+  const CollectiveLinks links{nvlink, ib};
+  p.all_gather = p.reduce_scatter = p.all_reduce = links;
+  return p;
+}
+
+const char* kKinds[] = {"all_gather", "reduce_scatter", "all_reduce"};
+
+json link_json(const LinkProfile& l) {
+  return {{"alpha_s", l.alpha_s}, {"bandwidth_bytes_per_s", l.bandwidth_bytes_per_s}};
+}
+
+template <typename T>
+T field(const json& j, const char* key, const std::string& where) {
+  FSDP_CHECK(j.is_object() && j.contains(key), ErrorKind::kCorruptData, kWhere, "profile: ", where,
+             " has no field '", key, "'");
+  try {
+    return j.at(key).get<T>();
+  } catch (const json::exception& e) {
+    throw Error(ErrorKind::kCorruptData, kWhere, str_cat("profile: ", where, ".", key, ": ", e.what()));
+  }
+}
+
+double non_negative(const json& j, const char* key, const std::string& where) {
+  const double v = field<double>(j, key, where);
+  FSDP_CHECK(v >= 0.0, ErrorKind::kCorruptData, kWhere, "profile: ", where, ".", key, " must be >= 0, got ", v);
+  return v;
+}
+
+LinkProfile link_from(const json& j, const std::string& where) {
+  LinkProfile l;
+  l.alpha_s = non_negative(j, "alpha_s", where);
+  l.bandwidth_bytes_per_s = non_negative(j, "bandwidth_bytes_per_s", where);
+  FSDP_CHECK(l.bandwidth_bytes_per_s > 0.0, ErrorKind::kCorruptData, kWhere, "profile: ", where,
+             ".bandwidth_bytes_per_s must be > 0");
+  return l;
+}
+
+}  // namespace
+
+double DeviceProfile::flops_per_s(Precision p) const {
+  double r = matmul_flops_per_s_fp32;
+  if (p == Precision::kBf16) r = matmul_flops_per_s_bf16;
+  if (p == Precision::kFp16) r = matmul_flops_per_s_fp16 > 0 ? matmul_flops_per_s_fp16 : matmul_flops_per_s_bf16;
+  return r * compute_efficiency;
+}
+
+const CollectiveLinks& DeviceProfile::links(K kind) const {
+  if (kind == K::kAllGather) return all_gather;
+  if (kind == K::kReduceScatter) return reduce_scatter;
+  return all_reduce;
+}
+
+std::vector<std::string> builtin_profile_names() { return {"a100", "h100"}; }
+
+DeviceProfile builtin_profile(const std::string& name) {
+  FSDP_CHECK(name == "a100" || name == "h100", ErrorKind::kInvalidArgument, kWhere,
+             expected_actual("built-in profile", "a100 or h100", "'" + name + "'"));
+  return dgx(name);
+}
+
+std::string profile_to_json(const DeviceProfile& p) {
+  json j;
+  j["name"] = p.name;
+  j["description"] = p.description;
+  j["sources"] = p.sources;
+  j["memory_bytes"] = p.memory_bytes;
+  j["ranks_per_node"] = p.ranks_per_node;
+  j["matmul_flops_per_s"] = {{"fp32", p.matmul_flops_per_s_fp32},
+                             {"bf16", p.matmul_flops_per_s_bf16},
+                             {"fp16", p.matmul_flops_per_s_fp16}};
+  j["compute_efficiency"] = p.compute_efficiency;
+  const CollectiveLinks* links[] = {&p.all_gather, &p.reduce_scatter, &p.all_reduce};
+  for (int k = 0; k < 3; ++k) {
+    j["collectives"][kKinds[k]] = {{"intra_node", link_json(links[k]->intra_node)},
+                                   {"inter_node", link_json(links[k]->inter_node)}};
+  }
+  if (p.calibration_world_size > 0) {
+    j["calibration"]["world_size"] = p.calibration_world_size;
+    for (size_t k = 0; k < p.fits.size() && k < 3; ++k) {
+      json pts = json::array();
+      for (const auto& pt : p.fits[k].points) pts.push_back({pt.logical_bytes, pt.seconds});
+      j["calibration"]["fits"][kKinds[k]] = {{"alpha_s", p.fits[k].alpha_s},
+                                             {"beta_s_per_byte", p.fits[k].beta_s_per_byte},
+                                             {"points_bytes_seconds", pts}};
+    }
+  }
+  return j.dump(2) + "\n";
+}
+
+DeviceProfile profile_from_json(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(ErrorKind::kCorruptData, kWhere, str_cat("profile: not JSON: ", e.what()));
+  }
+  DeviceProfile p;
+  p.name = field<std::string>(j, "name", "profile");
+  p.description = j.value("description", std::string());
+  if (j.contains("sources")) p.sources = field<std::vector<std::string>>(j, "sources", "profile");
+  p.memory_bytes = static_cast<int64_t>(non_negative(j, "memory_bytes", "profile"));
+  p.ranks_per_node = field<int64_t>(j, "ranks_per_node", "profile");
+  FSDP_CHECK(p.ranks_per_node >= 1, ErrorKind::kCorruptData, kWhere, "profile: ranks_per_node must be >= 1");
+  const json& f = j.contains("matmul_flops_per_s") ? j.at("matmul_flops_per_s") : json();
+  p.matmul_flops_per_s_fp32 = non_negative(f, "fp32", "matmul_flops_per_s");
+  p.matmul_flops_per_s_bf16 = non_negative(f, "bf16", "matmul_flops_per_s");
+  p.matmul_flops_per_s_fp16 = f.contains("fp16") ? non_negative(f, "fp16", "matmul_flops_per_s") : 0.0;
+  FSDP_CHECK(p.matmul_flops_per_s_fp32 > 0 && p.matmul_flops_per_s_bf16 > 0, ErrorKind::kCorruptData, kWhere,
+             "profile: matmul_flops_per_s.fp32 and .bf16 must be > 0");
+  p.compute_efficiency = j.contains("compute_efficiency") ? non_negative(j, "compute_efficiency", "profile") : 1.0;
+  FSDP_CHECK(p.compute_efficiency > 0 && p.compute_efficiency <= 1.0, ErrorKind::kCorruptData, kWhere,
+             "profile: compute_efficiency must be in (0, 1], got ", p.compute_efficiency);
+  const json& c = j.contains("collectives") ? j.at("collectives") : json();
+  CollectiveLinks* links[] = {&p.all_gather, &p.reduce_scatter, &p.all_reduce};
+  for (int k = 0; k < 3; ++k) {
+    const std::string where = std::string("collectives.") + kKinds[k];
+    const json& e = field<json>(c, kKinds[k], "collectives");
+    links[k]->intra_node = link_from(field<json>(e, "intra_node", where), where + ".intra_node");
+    links[k]->inter_node = link_from(field<json>(e, "inter_node", where), where + ".inter_node");
+  }
+  if (j.contains("calibration")) {
+    const json& cal = j.at("calibration");
+    p.calibration_world_size = field<int64_t>(cal, "world_size", "calibration");
+    const json& fits = field<json>(cal, "fits", "calibration");
+    for (const char* kind : kKinds) {
+      CalibrationFit fit;
+      const json& e = field<json>(fits, kind, "calibration.fits");
+      fit.alpha_s = field<double>(e, "alpha_s", kind);
+      fit.beta_s_per_byte = field<double>(e, "beta_s_per_byte", kind);
+      for (const auto& pt : e.value("points_bytes_seconds", json::array())) {
+        fit.points.push_back({pt.at(0).get<int64_t>(), pt.at(1).get<double>()});
+      }
+      p.fits.push_back(fit);
+    }
+  }
+  return p;
+}
+
+DeviceProfile load_profile(const std::string& name_or_path) {
+  const auto names = builtin_profile_names();
+  if (std::find(names.begin(), names.end(), name_or_path) != names.end()) return builtin_profile(name_or_path);
+  std::ifstream in(name_or_path);
+  FSDP_CHECK(in.good(), ErrorKind::kIo, kWhere, "cannot read profile '", name_or_path,
+             "' (neither a file nor a built-in profile: a100, h100)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return profile_from_json(ss.str());
+  } catch (const Error& e) {
+    throw Error(e.kind(), e.where(), name_or_path + ": " + e.message());
+  }
+}
+
+CalibrationFit fit_alpha_beta(const std::vector<CalibrationPoint>& points) {
+  FSDP_CHECK(points.size() >= 2, ErrorKind::kInvalidArgument, kWhere,
+             expected_actual("calibration points", ">= 2", points.size()));
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  const double n = static_cast<double>(points.size());
+  for (const auto& p : points) {
+    const double x = static_cast<double>(p.logical_bytes);
+    sx += x;
+    sy += p.seconds;
+    sxx += x * x;
+    sxy += x * p.seconds;
+  }
+  CalibrationFit f;
+  f.points = points;
+  const double den = n * sxx - sx * sx;
+  f.beta_s_per_byte = den > 0 ? std::max(0.0, (n * sxy - sx * sy) / den) : 0.0;
+  f.alpha_s = std::max(0.0, (sy - f.beta_s_per_byte * sx) / n);
+  return f;
+}
+
+LinkProfile link_from_fit(K kind, const CalibrationFit& fit, int64_t n) {
+  FSDP_CHECK(n >= 2, ErrorKind::kInvalidArgument, kWhere, expected_actual("calibration world size", ">= 2", n));
+  const double steps = static_cast<double>(kind == K::kAllReduce ? 2 * (n - 1) : n - 1);
+  const double share = steps / static_cast<double>(n);  // wire bytes per logical byte
+  LinkProfile l;
+  l.alpha_s = fit.alpha_s / steps;
+  l.bandwidth_bytes_per_s = fit.beta_s_per_byte > 0 ? share / fit.beta_s_per_byte : 1e18;
+  return l;
+}
+
+}  // namespace fsdp::planner

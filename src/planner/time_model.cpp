@@ -1,0 +1,190 @@
+#include "fsdp/planner/time_model.h"
+
+#include <algorithm>
+
+#include "fsdp/common/check.h"
+#include "fsdp/planner/memory.h"
+#include "fsdp/planner/traffic.h"
+
+namespace fsdp::planner {
+namespace {
+
+using S = fsdp::ShardingStrategy;
+using K = fsdp::comm::CollectiveKind;
+const ErrorContext kWhere{-1, "", "planner time model"};
+
+// One process group's communication thread: ops run one after another in issue order.
+class Queue {
+ public:
+  // Issues an op of duration d at time t; returns when it completes.
+  double issue(double t, double d) {
+    free_at_ = std::max(t, free_at_) + d;
+    return free_at_;
+  }
+  double free_at() const { return free_at_; }
+
+ private:
+  double free_at_ = 0.0;
+};
+
+}  // namespace
+
+UnitFlops unit_flops(const ModelSpec& model, int64_t unit, const StepSetup& setup) {
+  const Architecture& A = model.arch;
+  const double tau = static_cast<double>(setup.micro_batch_size * setup.seq_len);
+  UnitFlops f;
+  if (A.kind == BlockKind::kNone) {
+    f.forward = 2.0 * static_cast<double>(model.units[unit].numel()) * tau;
+  } else if (unit == 0) {
+    f.forward = 2.0 * static_cast<double>(A.vocab_size * A.n_embd) * tau;  // the head
+  } else {
+    const double per_block = static_cast<double>(model.matmul_params() - A.vocab_size * A.n_embd) /
+                             static_cast<double>(A.n_layer);
+    f.forward = 2.0 * per_block * tau + 4.0 * static_cast<double>(setup.seq_len * A.n_embd) * tau;
+  }
+  f.backward = 2.0 * f.forward;
+  if (setup.activation_checkpointing && unit > 0) f.backward += f.forward;
+  return f;
+}
+
+double step_flops(const ModelSpec& model, const StepSetup& setup) {
+  double total = 0.0;
+  for (int64_t u = 0; u < static_cast<int64_t>(model.units.size()); ++u) {
+    const UnitFlops f = unit_flops(model, u, setup);
+    total += f.forward + f.backward;
+  }
+  return total * static_cast<double>(setup.accumulation_steps);
+}
+
+double collective_time_s(const DeviceProfile& profile, K kind, int64_t logical_bytes, int64_t n,
+                         bool crosses_nodes) {
+  if (n <= 1) return 0.0;
+  const CollectiveLinks& l = profile.links(kind);
+  const LinkProfile& link = crosses_nodes ? l.inter_node : l.intra_node;
+  const double bw = crosses_nodes ? std::min(l.inter_node.bandwidth_bytes_per_s, l.intra_node.bandwidth_bytes_per_s)
+                                  : link.bandwidth_bytes_per_s;
+  const double steps = static_cast<double>(kind == K::kAllReduce ? 2 * (n - 1) : n - 1);
+  return steps * link.alpha_s + ring_wire_bytes(kind, logical_bytes, n) / bw;
+}
+
+// [Note: step replay] docs/planner.md, "Time model". Times in seconds from the start of the
+// step; `t` is the compute thread's clock.
+StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, const StepSetup& setup,
+                            const DeviceProfile& profile) {
+  par.validate();
+  setup.validate();
+  const double rate = profile.flops_per_s(setup.precision);
+  FSDP_CHECK(rate > 0, ErrorKind::kInvalidArgument, kWhere, "profile '", profile.name, "' has no matmul rate for ",
+             to_string(setup.precision));
+  const S s = par.strategy;
+  const int64_t U = static_cast<int64_t>(model.units.size());
+  const int64_t G = par.shard_group_size(), N = par.world_size;
+  const int64_t pb = param_bytes_per_elem(setup.precision), rb = reduce_bytes_per_elem(setup.precision);
+  const bool per_phase = s == S::kFullShard || s == S::kHybridShard, sgo = s == S::kShardGradOp;
+  const bool zero1 = s == S::kZero1, ddp = s == S::kNoShard;
+  const bool bounded = per_phase || sgo;  // units the max_unsharded_units bound counts
+  const bool shard_x = group_crosses_nodes(par, GroupKind::kShard);
+  const bool rep_x = group_crosses_nodes(par, GroupKind::kReplicate);
+  const bool world_x = group_crosses_nodes(par, GroupKind::kWorld);
+
+  std::vector<double> fwd(U), bwd(U), ag(U, 0.0), rs(U, 0.0), rep(U, 0.0);
+  std::vector<std::vector<double>> buckets(U);
+  std::vector<bool> has(U), trains(U);
+  for (int64_t u = 0; u < U; ++u) {
+    const UnitFlops f = unit_flops(model, u, setup);
+    fwd[u] = f.forward / rate;
+    bwd[u] = f.backward / rate;
+    const UnitNumbers n = unit_numbers(model.units[u], G, 0);
+    has[u] = n.numel > 0;
+    trains[u] = n.trainable_numel > 0;
+    ag[u] = collective_time_s(profile, K::kAllGather, pb * n.gathered_numel, G, shard_x);
+    rs[u] = collective_time_s(profile, K::kReduceScatter, rb * n.reduce_numel, G, shard_x);
+    if (s == S::kHybridShard && G < N) {
+      rep[u] = collective_time_s(profile, K::kAllReduce, rb * n.reduce_shard_numel, N / G, rep_x);
+    }
+    if (ddp) {
+      for (int64_t b : ddp_bucket_numels(model.units[u], setup.bucket_cap_bytes, rb)) {
+        buckets[u].push_back(collective_time_s(profile, K::kAllReduce, rb * b, N, world_x));
+      }
+    }
+  }
+
+  Queue shard_q, rep_q, world_q;
+  double t = 0.0;
+  for (int64_t mb = 0; mb < setup.accumulation_steps; ++mb) {
+    const bool sync = mb + 1 == setup.accumulation_steps;
+    const bool gathers = per_phase || sgo || (zero1 && mb == 0);
+    std::vector<double> ready(U, 0.0);
+    std::vector<bool> gathered(U, false);
+    int counted = 0;
+    auto gather = [&](int64_t u) {
+      ready[u] = shard_q.issue(t, ag[u]);
+      gathered[u] = true;
+      if (u > 0 && bounded) ++counted;
+    };
+    auto release = [&](int64_t u) {
+      if (!gathered[u]) return;
+      gathered[u] = false;
+      if (u > 0 && bounded) --counted;
+    };
+    auto may_prefetch = [&](int64_t u) {
+      return gathers && u >= 0 && u < U && has[u] && !gathered[u] &&
+             (u == 0 || !bounded || counted < setup.max_unsharded_units);
+    };
+    // Forward: the root first (its embeddings cost no matmul), the blocks, then the root's head.
+    for (int64_t u = 0; u < U; ++u) {
+      if (gathers && has[u] && !gathered[u]) gather(u);
+      if (gathered[u]) t = std::max(t, ready[u]);
+      if (setup.forward_prefetch && may_prefetch(u + 1)) gather(u + 1);
+      if (u > 0) {
+        t += fwd[u];
+        if (per_phase) release(u);
+      }
+    }
+    t += fwd[0];
+    // Backward: the head first (the root stays gathered), then blocks in reverse order.
+    t += bwd[0];
+    int64_t pending = -1;  // the unit whose reduce-scatter is in flight
+    std::vector<double> rs_done(U, 0.0);
+    auto finish = [&](int64_t u) {
+      t = std::max(t, rs_done[u]);
+      if (rep[u] > 0) t = rep_q.issue(t, rep[u]);  // blocking, on the compute thread
+    };
+    auto reduce = [&](int64_t u) {
+      if (!sync || !trains[u]) return;
+      if (ddp) {
+        for (double d : buckets[u]) world_q.issue(t, d);
+        return;
+      }
+      rs_done[u] = shard_q.issue(t, rs[u]);
+      if (pending >= 0) finish(pending);
+      pending = u;
+    };
+    for (int64_t u = U - 1; u >= 1; --u) {
+      if (per_phase && has[u] && !gathered[u]) gather(u);
+      if (gathered[u]) t = std::max(t, ready[u]);
+      if (per_phase && setup.backward_prefetch && u - 1 >= 1 && may_prefetch(u - 1)) gather(u - 1);
+      t += bwd[u];
+      reduce(u);
+      if (per_phase || sgo) release(u);
+    }
+    reduce(0);  // the root's, from the end-of-backward callback
+    if (pending >= 0) finish(pending);
+    if (ddp) t = std::max(t, world_q.free_at());
+  }
+  if (setup.clip_grad_norm) t = world_q.issue(t, collective_time_s(profile, K::kAllReduce, 16, N, world_x));
+  if (setup.loss_scaling) t = world_q.issue(t, collective_time_s(profile, K::kAllReduce, 8, N, world_x));
+
+  StepTime r;
+  r.flops = step_flops(model, setup);
+  r.compute_s = r.flops / rate;
+  for (const auto& c : step_traffic(model, par, setup).calls) {
+    r.comm_s += collective_time_s(profile, c.kind, c.logical_bytes, c.group_size, c.crosses_nodes);
+  }
+  r.step_s = t;
+  r.exposed_comm_s = std::max(0.0, t - r.compute_s);
+  r.tokens_per_s = static_cast<double>(N * setup.accumulation_steps * setup.micro_batch_size * setup.seq_len) / t;
+  return r;
+}
+
+}  // namespace fsdp::planner

@@ -1,0 +1,94 @@
+#include "fsdp/planner/traffic.h"
+
+#include "fsdp/planner/memory.h"
+
+namespace fsdp::planner {
+namespace {
+
+using S = fsdp::ShardingStrategy;
+using K = fsdp::comm::CollectiveKind;
+
+}  // namespace
+
+const char* to_string(GroupKind g) {
+  switch (g) {
+    case GroupKind::kShard: return "shard";
+    case GroupKind::kReplicate: return "replicate";
+    case GroupKind::kWorld: return "world";
+  }
+  return "?";
+}
+
+double ring_wire_bytes(K kind, int64_t logical_bytes, int64_t n) {
+  if (n <= 1) return 0.0;
+  const double f = static_cast<double>(n - 1) / static_cast<double>(n);
+  return (kind == K::kAllReduce ? 2.0 : 1.0) * f * static_cast<double>(logical_bytes);
+}
+
+bool group_crosses_nodes(const Parallelism& par, GroupKind group) {
+  const int64_t N = par.world_size, node = par.node_size(), G = par.shard_group_size();
+  if (N <= node) return false;
+  switch (group) {
+    case GroupKind::kWorld: return true;
+    case GroupKind::kShard: return G > node || node % G != 0;  // some group straddles a node boundary
+    case GroupKind::kReplicate: return N - G >= node;           // ranks r, r+G, ... beyond one node
+  }
+  return true;
+}
+
+StepTraffic step_traffic(const ModelSpec& model, const Parallelism& par, const StepSetup& setup) {
+  par.validate();
+  setup.validate();
+  const S s = par.strategy;
+  const int64_t G = par.shard_group_size(), N = par.world_size;
+  const int64_t pb = param_bytes_per_elem(setup.precision), rb = reduce_bytes_per_elem(setup.precision);
+  std::vector<UnitNumbers> un;
+  for (const auto& u : model.units) un.push_back(unit_numbers(u, G, 0));
+
+  StepTraffic t;
+  auto add = [&](K kind, GroupKind group, int64_t unit, int64_t bytes) {
+    CollectiveCall c;
+    c.kind = kind;
+    c.group = group;
+    c.group_size = group == GroupKind::kShard ? G : group == GroupKind::kReplicate ? N / G : N;
+    c.crosses_nodes = group_crosses_nodes(par, group);
+    c.unit = unit;
+    c.logical_bytes = bytes;
+    c.wire_bytes = ring_wire_bytes(kind, bytes, c.group_size);
+    t.calls.push_back(c);
+    KindTotals& k = kind == K::kAllGather ? t.all_gather : kind == K::kReduceScatter ? t.reduce_scatter : t.all_reduce;
+    k.calls += 1;
+    k.logical_bytes += bytes;
+    k.wire_bytes += c.wire_bytes;
+  };
+  const int64_t U = static_cast<int64_t>(model.units.size());
+  auto gather = [&](int64_t u) {
+    if (un[u].numel > 0) add(K::kAllGather, GroupKind::kShard, u, pb * un[u].gathered_numel);
+  };
+  const bool per_phase = s == S::kFullShard || s == S::kHybridShard;
+  for (int64_t mb = 0; mb < setup.accumulation_steps; ++mb) {
+    const bool sync = mb + 1 == setup.accumulation_steps;
+    // Forward, in forward order (the root first).
+    if (s != S::kNoShard && (s != S::kZero1 || mb == 0)) {
+      for (int64_t u = 0; u < U; ++u) gather(u);
+    }
+    // Backward, in reverse order; the root (units[0]) last, at the end-of-backward callback.
+    for (int64_t u = U - 1; u >= 0; --u) {
+      if (per_phase && u > 0) gather(u);
+      if (!sync || un[u].trainable_numel == 0) continue;
+      if (s == S::kNoShard) {
+        for (int64_t n : ddp_bucket_numels(model.units[u], setup.bucket_cap_bytes, rb)) {
+          add(K::kAllReduce, GroupKind::kWorld, u, rb * n);
+        }
+        continue;
+      }
+      add(K::kReduceScatter, GroupKind::kShard, u, rb * un[u].reduce_numel);
+      if (s == S::kHybridShard && G < N) add(K::kAllReduce, GroupKind::kReplicate, u, rb * un[u].reduce_shard_numel);
+    }
+  }
+  if (setup.clip_grad_norm) add(K::kAllReduce, GroupKind::kWorld, -1, 16);  // 2 doubles
+  if (setup.loss_scaling) add(K::kAllReduce, GroupKind::kWorld, -1, 8);     // one int64 flag
+  return t;
+}
+
+}  // namespace fsdp::planner

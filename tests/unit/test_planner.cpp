@@ -1,0 +1,349 @@
+// Tier `unit`: the planner (include/fsdp/planner/), pure math. Parameter counts of every preset
+// against closed forms and published totals, model-state bytes against the shard layout for
+// awkward shapes, the 7B headline figures, traffic counts, activations against PyTorch's saved
+// tensors, the time model's limits, recommendations, the JSON forms.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/common/check.h"
+#include "fsdp/planner/activations.h"
+#include "fsdp/planner/plan.h"
+#include "fsdp/shard/layout.h"
+
+namespace fp = fsdp::planner;
+using fsdp::ShardingStrategy;
+using S = fsdp::ShardingStrategy;
+
+namespace {
+
+// Closed form of apps/models/gpt.cpp:GPTConfig::num_params (tied head counted once).
+int64_t gpt_closed_form(int64_t V, int64_t L, int64_t C, int64_t ctx) {
+  const int64_t per_block = 2 * 2 * C + C * 3 * C + 3 * C + C * C + C + C * 4 * C + 4 * C + 4 * C * C + C;
+  return V * C + ctx * C + L * per_block + 2 * C;
+}
+
+// Llama-2: embeddings and untied head 2VC, final norm C; per block 2C^2 (q, o) + 2 Ckv C (k, v) +
+// 3CI (SwiGLU) + 2C (two RMSNorms).
+int64_t llama_closed_form(int64_t V, int64_t L, int64_t C, int64_t H, int64_t KV, int64_t I) {
+  const int64_t Ckv = KV * (C / H);
+  return 2 * V * C + C + L * (2 * C * C + 2 * Ckv * C + 3 * C * I + 2 * C);
+}
+
+fp::Parallelism par(S s, int64_t n, int64_t g = 0, int64_t rpn = 0) {
+  fp::Parallelism p;
+  p.strategy = s;
+  p.world_size = n;
+  p.hybrid_shard_group_size = s == S::kHybridShard ? g : 0;
+  p.ranks_per_node = rpn;
+  return p;
+}
+
+// A unit of awkward shapes: rows not divisible by N, fewer rows than ranks, 1-D, 0-dim, frozen.
+fp::ModelSpec awkward_model() {
+  fp::ModelSpec m;
+  m.name = "awkward";
+  fp::UnitSpec root;
+  root.is_root = true;
+  root.params = {{"emb", {13, 19}, true}, {"scale", {}, true}};
+  fp::UnitSpec a;
+  a.name = "a";
+  a.params = {{"w", {1, 2}, true}, {"b", {5}, true}, {"frozen", {7, 3}, false}, {"v", {3, 19}, true}};
+  fp::UnitSpec b;
+  b.name = "b";
+  b.params = {{"w", {40, 96}, true}, {"b", {40}, true}};
+  m.units = {root, a, b};
+  return m;
+}
+
+}  // namespace
+
+TEST(PlannerModels, GptPresetsMatchTheClosedFormAndThePublishedCounts) {
+  for (const auto& name : fp::gpt_preset_names()) {
+    const fp::GptShape s = fp::gpt_shape(name, 8192);
+    const fp::ModelSpec m = fp::gpt_model(s, name);
+    EXPECT_EQ(m.num_params(), gpt_closed_form(8192, s.n_layer, s.n_embd, s.block_size)) << name;
+    EXPECT_EQ(m.num_blocks(), s.n_layer) << name;
+    EXPECT_EQ(m.units[0].params.size(), 4u) << name << ": root = wte, wpe, ln_f weight and bias";
+  }
+  // GPT-2 with its own vocabulary (50257) and context 1024: the published (Hugging Face) totals.
+  const std::pair<const char*, int64_t> published[] = {
+      {"gpt2", 124'439'808}, {"gpt2-medium", 354'823'168}, {"gpt2-large", 774'030'080}, {"gpt2-xl", 1'557'611'200}};
+  for (const auto& [name, count] : published) {
+    EXPECT_EQ(fp::gpt_model(fp::gpt_shape(name, 50257), name).num_params(), count) << name;
+  }
+  EXPECT_EQ(fp::gpt_model(fp::gpt_shape("micro", 8192)).num_params(), 13'891'584);  // docs/BENCHMARKS.md
+  EXPECT_EQ(fp::gpt_model(fp::gpt_shape("gpt2", 8192)).num_params(), 92'133'888);
+}
+
+TEST(PlannerModels, LlamaPresetsMatchThePublishedCounts) {
+  const std::pair<const char*, int64_t> published[] = {
+      {"llama2-7b", 6'738'415'616}, {"llama2-13b", 13'015'864'320}, {"llama2-70b", 68'976'648'192}};
+  for (const auto& [name, count] : published) {
+    const fp::LlamaShape s = fp::llama_shape(name);
+    const fp::ModelSpec m = fp::llama_model(s, name);
+    EXPECT_EQ(m.num_params(), count) << name;
+    EXPECT_EQ(m.num_params(), llama_closed_form(s.vocab_size, s.n_layer, s.n_embd, s.n_head, s.n_kv_head, s.ffn_hidden))
+        << name;
+    EXPECT_EQ(m.num_blocks(), s.n_layer);
+    EXPECT_FALSE(m.arch.tied_head);
+  }
+  const fp::ModelSpec m70 = fp::llama_model(fp::llama_shape("llama2-70b"));
+  EXPECT_EQ(m70.arch.n_kv_head, 8);
+  EXPECT_EQ(m70.units[1].params[2].name, "layers.0.self_attn.k_proj.weight");
+  EXPECT_EQ(m70.units[1].params[2].shape, (std::vector<int64_t>{1024, 8192})) << "8 KV heads x 128";
+  EXPECT_EQ(m70.units[1].params[6].shape, (std::vector<int64_t>{28672, 8192}));
+  EXPECT_EQ(fp::llama_model(fp::llama_shape("llama2-7b")).units[1].params[6].shape, (std::vector<int64_t>{11008, 4096}));
+  EXPECT_EQ(fp::llama_model(fp::llama_shape("llama2-13b")).units[1].params[8].shape, (std::vector<int64_t>{5120, 13824}));
+  // Overrides change the count as the closed form says.
+  fp::LlamaShape s = fp::llama_shape("llama2-7b");
+  s.n_layer = 2;
+  s.n_kv_head = 8;
+  EXPECT_EQ(fp::llama_model(s).num_params(), llama_closed_form(32000, 2, 4096, 32, 8, 11008));
+}
+
+TEST(PlannerModels, BadShapesAndNamesAreRejected) {
+  auto expect_invalid = [](auto fn) {
+    try {
+      fn();
+      ADD_FAILURE() << "accepted";
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(e.kind(), fsdp::ErrorKind::kInvalidArgument) << e.what();
+    }
+  };
+  expect_invalid([] { fp::gpt_shape("gpt5", 8192); });
+  expect_invalid([] { fp::llama_shape("llama3"); });
+  expect_invalid([] {
+    fp::GptShape s;
+    s.n_head = 3;  // 128 % 3 != 0
+    fp::gpt_model(s);
+  });
+  expect_invalid([] {
+    fp::LlamaShape s;
+    s.n_kv_head = 5;
+    fp::llama_model(s);
+  });
+  expect_invalid([] { fp::params_only_model(0, 4); });
+  expect_invalid([] { fp::model_state_bytes(fp::params_only_model(10, 1), par(S::kHybridShard, 4, 3), {}); });
+  expect_invalid([] { fp::model_state_bytes(fp::params_only_model(10, 1), par(S::kFullShard, 4), {}, 4); });
+}
+
+// Model-state bytes against the shard layout, for every rank of N = 1..9 ranks.
+TEST(PlannerMemory, ModelStateMatchesTheShardLayoutForAwkwardShapes) {
+  const fp::ModelSpec m = awkward_model();
+  fp::StepSetup st;
+  int64_t trainable = 0;
+  for (const auto& u : m.units) trainable += u.trainable_numel();
+  for (int64_t N = 1; N <= 9; ++N) {
+    for (S s : {S::kFullShard, S::kShardGradOp, S::kZero1, S::kNoShard, S::kHybridShard}) {
+      const int64_t G = s == S::kNoShard ? 1 : s == S::kHybridShard ? (N % 3 == 0 ? 3 : 1) : N;
+      int64_t grads_over_ranks = 0;
+      for (int64_t r = 0; r < N; ++r) {
+        int64_t padded = 0, real = 0, padded_full = 0;
+        for (const auto& u : m.units) {
+          std::vector<std::vector<int64_t>> shapes;
+          for (const auto& p : u.params) shapes.push_back(p.shape);
+          const auto layout = fsdp::shard::FlatLayout::make(shapes, G);
+          padded += layout.shard_numel();
+          padded_full += layout.total_numel();
+          for (size_t i = 0; i < u.params.size(); ++i) {
+            if (u.params[i].trainable) real += layout.params[i].real_numel(r % G);
+          }
+        }
+        const fp::ModelStateBytes b = fp::model_state_bytes(m, par(s, N, G), st, r);
+        SCOPED_TRACE(fsdp::to_string(s) + " N=" + std::to_string(N) + " rank " + std::to_string(r));
+        EXPECT_EQ(b.sharded_param_bytes, 4 * padded);
+        EXPECT_EQ(b.sharded_grad_bytes, 4 * real);
+        EXPECT_EQ(b.optim_state_bytes, 8 * real);
+        EXPECT_EQ(b.resident_unsharded_param_bytes, s == S::kZero1 ? 4 * padded_full : 0);
+        if (r < G) grads_over_ranks += b.sharded_grad_bytes;
+        // Within padding of the closed form: at most one row per parameter per rank, 16 bytes per element.
+        const double closed = fp::closed_form_model_state_bytes(par(s, N, G), static_cast<double>(m.num_params()), st);
+        EXPECT_NEAR(static_cast<double>(b.total_bytes()), closed, 16.0 * 19 * 8 * (s == S::kZero1 ? 2 : 1) + 16.0 * 96 * 2);
+      }
+      EXPECT_EQ(grads_over_ranks, 4 * trainable) << "one shard group's grads partition the trainable rows";
+    }
+  }
+  // SGD keeps 4 (momentum) or 0 bytes; bf16 changes only zero1's resident full params.
+  st.optimizer = fp::OptimizerKind::kSgdMomentum;
+  EXPECT_EQ(fp::model_state_bytes(m, par(S::kFullShard, 1), st).optim_state_bytes, 4 * (m.num_params() - 21));
+  st.optimizer = fp::OptimizerKind::kSgd;
+  EXPECT_EQ(fp::model_state_bytes(m, par(S::kFullShard, 1), st).optim_state_bytes, 0);
+  st.precision = fp::Precision::kBf16;
+  EXPECT_EQ(fp::model_state_bytes(m, par(S::kZero1, 1), st).resident_unsharded_param_bytes, 2 * m.num_params());
+}
+
+// The headline: a 7B model, AdamW, mixed precision: 16 bytes per parameter, 112 GB per rank under
+// DDP, 14 GB per rank with FULL_SHARD at N = 8 (model state only).
+TEST(PlannerMemory, SevenBillionHeadline) {
+  const fp::ModelSpec m = fp::params_only_model(7'000'000'000, 32, "7B");
+  fp::StepSetup st;
+  st.precision = fp::Precision::kBf16;
+  EXPECT_EQ(fp::model_state_bytes(m, par(S::kNoShard, 8), st).total_bytes(), 112'000'000'000);
+  const fp::ModelStateBytes fs = fp::model_state_bytes(m, par(S::kFullShard, 8), st);
+  EXPECT_EQ(fs.total_bytes(), 14'000'000'000);
+  EXPECT_EQ(fs.sharded_param_bytes, 3'500'000'000) << "fp32 master rows: 4 B/param / 8";
+  EXPECT_EQ(fs.sharded_grad_bytes, 3'500'000'000) << "fp32 sharded grads: 4 B/param / 8";
+  EXPECT_EQ(fs.optim_state_bytes, 7'000'000'000) << "AdamW m + v: 8 B/param / 8";
+  const fp::BytesPerParam engine = fp::engine_bytes_per_param(st.precision, st.optimizer);
+  const fp::BytesPerParam paper = fp::zero_paper_bytes_per_param(st.precision, st.optimizer);
+  EXPECT_EQ(engine.params, 4);
+  EXPECT_EQ(engine.grads, 4);
+  EXPECT_EQ(engine.optimizer, 8);
+  EXPECT_EQ(paper.params, 2);
+  EXPECT_EQ(paper.grads, 2);
+  EXPECT_EQ(paper.optimizer, 12) << "ZeRO: K = 12 (fp32 master copy, momentum, variance)";
+  EXPECT_EQ(engine.total(), 16);
+  EXPECT_EQ(paper.total(), 16);
+  EXPECT_EQ(fp::zero_paper_model_state_bytes(par(S::kNoShard, 8), 7e9, paper), 112e9);
+  EXPECT_EQ(fp::zero_paper_model_state_bytes(par(S::kFullShard, 8), 7e9, paper), 14e9);
+  // ZeRO section 5's stages: P_os 4 + 12/N, P_os+g 2 + 14/N (bytes per param).
+  EXPECT_EQ(fp::zero_paper_model_state_bytes(par(S::kZero1, 8), 7e9, paper), 7e9 * (4 + 12.0 / 8));
+  EXPECT_EQ(fp::zero_paper_model_state_bytes(par(S::kShardGradOp, 8), 7e9, paper), 7e9 * (2 + 14.0 / 8));
+  // Llama-2-7B (6.74B params): every dimension divides 8, so 16P/8 exactly.
+  const fp::ModelSpec llama = fp::llama_model(fp::llama_shape("llama2-7b"));
+  EXPECT_EQ(fp::model_state_bytes(llama, par(S::kFullShard, 8), st).total_bytes(), 2 * llama.num_params());
+  EXPECT_EQ(fp::model_state_bytes(llama, par(S::kNoShard, 8), st).total_bytes(), 16 * llama.num_params());
+}
+
+// Traffic per step as the engine's CommStats counts it (tests/mpi/test_strategies.cpp asserts the
+// same numbers against the engine).
+TEST(PlannerTraffic, CountsAndLogicalBytesPerStrategy) {
+  const fp::ModelSpec m = fp::gpt_model(fp::gpt_shape("micro", 8192));
+  const int64_t P = m.num_params(), root = m.units[0].numel(), U = 7;
+  fp::StepSetup st;
+  const fp::StepTraffic fs = fp::step_traffic(m, par(S::kFullShard, 2), st);
+  EXPECT_EQ(fs.all_gather.calls, 2 * U - 1) << "the root stays gathered from forward to backward";
+  EXPECT_EQ(fs.all_gather.logical_bytes, 2 * 4 * P - 4 * root) << "micro's dimensions divide 2: no padding";
+  EXPECT_EQ(fs.reduce_scatter.calls, U);
+  EXPECT_EQ(fs.reduce_scatter.logical_bytes, 4 * P);
+  EXPECT_EQ(fs.all_reduce.calls, 1);
+  EXPECT_EQ(fs.all_reduce.logical_bytes, 16) << "the grad-norm all-reduce (2 doubles)";
+  EXPECT_DOUBLE_EQ(fs.all_gather.wire_bytes, 0.5 * static_cast<double>(fs.all_gather.logical_bytes));
+  const fp::StepTraffic sgo = fp::step_traffic(m, par(S::kShardGradOp, 2), st);
+  EXPECT_EQ(sgo.all_gather.calls, U);
+  EXPECT_EQ(sgo.all_gather.logical_bytes, 4 * P);
+  const fp::StepTraffic ddp = fp::step_traffic(m, par(S::kNoShard, 2), st);
+  EXPECT_EQ(ddp.all_gather.calls, 0);
+  EXPECT_EQ(ddp.all_reduce.logical_bytes, 4 * P + 16);
+  EXPECT_DOUBLE_EQ(ddp.all_reduce.wire_bytes, 2 * 0.5 * static_cast<double>(4 * P + 16));
+  // bf16 halves every gather and reduction; fp16 adds the loss scaler's flag.
+  st.precision = fp::Precision::kBf16;
+  EXPECT_EQ(fp::step_traffic(m, par(S::kFullShard, 2), st).logical_bytes(), fs.logical_bytes() / 2 + 8);
+  // Gradient accumulation: gathers every micro-batch, reductions once.
+  st.precision = fp::Precision::kFp32;
+  st.accumulation_steps = 4;
+  const fp::StepTraffic acc = fp::step_traffic(m, par(S::kFullShard, 2), st);
+  EXPECT_EQ(acc.all_gather.calls, 4 * (2 * U - 1));
+  EXPECT_EQ(acc.reduce_scatter.calls, U);
+  EXPECT_EQ(fp::step_traffic(m, par(S::kZero1, 2), st).all_gather.calls, U) << "zero1 gathers once per step";
+  // hybrid_shard at N = 4, G = 2: full_shard over 2 + one replica all-reduce of each shard.
+  st.accumulation_steps = 1;
+  const fp::StepTraffic hy = fp::step_traffic(m, par(S::kHybridShard, 4, 2), st);
+  EXPECT_EQ(hy.all_gather.logical_bytes, fs.all_gather.logical_bytes);
+  EXPECT_EQ(hy.all_reduce.calls, U + 1);
+  EXPECT_EQ(hy.all_reduce.logical_bytes, 4 * P / 2 + 16);
+}
+
+TEST(PlannerTraffic, DdpBucketsFollowTheEnginesPlan) {
+  fp::UnitSpec u;
+  u.params = {{"w0", {96, 96}, true}, {"b0", {96}, true}, {"frozen", {10}, false}, {"w1", {40, 96}, true}};
+  // Reverse order, greedy up to 36,864 bytes (9,216 fp32 elements): {w1 3840, b0 96} then {w0}.
+  EXPECT_EQ(fp::ddp_bucket_numels(u, 9216 * 4, 4), (std::vector<int64_t>{3936, 9216}));
+  EXPECT_EQ(fp::ddp_bucket_numels(u, 1, 4), (std::vector<int64_t>{3840, 96, 9216})) << "one param per bucket";
+  EXPECT_EQ(fp::ddp_bucket_numels(u, 1 << 30, 2), (std::vector<int64_t>{13152}));
+}
+
+TEST(PlannerTraffic, GroupsCrossNodesAsTheRanksLieOnThem) {
+  EXPECT_FALSE(fp::group_crosses_nodes(par(S::kFullShard, 8, 0, 8), fp::GroupKind::kShard));
+  EXPECT_TRUE(fp::group_crosses_nodes(par(S::kFullShard, 16, 0, 8), fp::GroupKind::kShard));
+  EXPECT_FALSE(fp::group_crosses_nodes(par(S::kHybridShard, 64, 8, 8), fp::GroupKind::kShard));
+  EXPECT_TRUE(fp::group_crosses_nodes(par(S::kHybridShard, 64, 8, 8), fp::GroupKind::kReplicate));
+  EXPECT_TRUE(fp::group_crosses_nodes(par(S::kHybridShard, 64, 16, 8), fp::GroupKind::kShard));
+  EXPECT_TRUE(fp::group_crosses_nodes(par(S::kHybridShard, 24, 3, 8), fp::GroupKind::kShard)) << "3 does not tile 8";
+}
+
+// Saved bytes of one GPT block and of the root, as PyTorch's saved-tensor hooks measure them on
+// bench/peer_gpt.py's identical model (unique storages, parameters excluded): B = 2, C = 128, H = 4.
+TEST(PlannerActivations, GptMatchesPyTorchsSavedTensors) {
+  fp::GptShape s;
+  s.vocab_size = 1000;
+  s.n_layer = 1;
+  s.block_size = 1024;
+  const fp::ModelSpec m = fp::gpt_model(s);
+  fp::StepSetup st;
+  st.micro_batch_size = 2;
+  st.seq_len = 64;
+  fp::ActivationModel a = fp::activation_model(m, st);
+  EXPECT_EQ(a.attention_kernel, "flash");
+  EXPECT_EQ(a.block_bytes, 1'052'672) << "fp32, T = 64: 16 B*T*C*4 + logsumexp + LayerNorm stats";
+  EXPECT_EQ(a.root_bytes, 646'660) << "ids, positions, ln_f in/out + stats, log-probs, targets, total weight";
+  st.precision = fp::Precision::kBf16;
+  a = fp::activation_model(m, st);
+  EXPECT_EQ(a.attention_kernel, "math") << "auto: bf16 with T <= 256";
+  EXPECT_EQ(a.block_bytes, 726'016) << "bf16 math attention, T = 64";
+  st.seq_len = 512;
+  EXPECT_EQ(fp::activation_model(m, st).block_bytes, 4'218'880) << "bf16 flash, T = 512";
+  st.precision = fp::Precision::kFp32;
+  EXPECT_EQ(fp::activation_model(m, st).block_bytes, 8'421'376) << "fp32 flash, T = 512";
+  st.activation_checkpointing = true;
+  a = fp::activation_model(m, st);
+  EXPECT_EQ(a.total_saved_bytes, a.block_input_bytes + a.root_bytes);
+  EXPECT_EQ(a.block_input_bytes, 2 * 512 * 128 * 4);
+  EXPECT_FALSE(fp::activation_model(fp::params_only_model(100, 2), st).known);
+}
+
+TEST(PlannerMemory, PeakIsTheLargestMomentAndFallsWithTheWorldSize) {
+  const fp::ModelSpec m = fp::llama_model(fp::llama_shape("llama2-7b"));
+  fp::StepSetup st;
+  st.precision = fp::Precision::kBf16;
+  st.seq_len = 4096;
+  int64_t last = INT64_MAX;
+  for (int64_t n : {8, 16, 32, 64}) {
+    const fp::PeakBytes p = fp::peak_bytes(m, par(S::kFullShard, n), st);
+    EXPECT_LT(p.peak_bytes, last);
+    last = p.peak_bytes;
+    const fp::ModelStateBytes s = fp::model_state_bytes(m, par(S::kFullShard, n), st);
+    EXPECT_GE(p.peak_bytes, s.sharded_param_bytes + s.optim_state_bytes);
+    // full_shard holds the root and max_unsharded_units blocks, in bf16, padded.
+    EXPECT_EQ(p.unsharded_param_bytes, 2 * (m.units[0].numel() + 2 * m.units[1].numel())) << n;
+  }
+  // shard_grad_op keeps every block's full params until its backward; DDP holds 16P plus bf16 casts.
+  EXPECT_GT(fp::peak_bytes(m, par(S::kShardGradOp, 8), st).unsharded_param_bytes, 2 * m.num_params() / 2);
+  EXPECT_GE(fp::peak_bytes(m, par(S::kNoShard, 8), st).peak_bytes, 18 * m.num_params());
+  // Activation checkpointing lowers the peak.
+  fp::StepSetup ck = st;
+  ck.activation_checkpointing = true;
+  EXPECT_LT(fp::peak_bytes(m, par(S::kFullShard, 8), ck).peak_bytes, fp::peak_bytes(m, par(S::kFullShard, 8), st).peak_bytes);
+}
+
+TEST(PlannerTime, ComputeAndCommunicationLimits) {
+  const fp::ModelSpec m = fp::llama_model(fp::llama_shape("llama2-7b"));
+  fp::StepSetup st;
+  st.precision = fp::Precision::kBf16;
+  st.seq_len = 4096;
+  const fp::DeviceProfile h100 = fp::builtin_profile("h100");
+  // One rank: no communication time; FLOPs = 6 N tokens + attention 12 L T C tokens (PaLM).
+  const fp::StepTime one = fp::estimate_step_time(m, par(S::kFullShard, 1), st, h100);
+  const double tokens = 4096, N = static_cast<double>(m.matmul_params());
+  EXPECT_DOUBLE_EQ(one.flops, 6 * N * tokens + 12.0 * 32 * 4096 * 4096 * tokens);
+  EXPECT_NEAR(one.step_s, one.compute_s, 1e-12 * one.compute_s);
+  EXPECT_DOUBLE_EQ(one.compute_s, one.flops / 989.5e12);
+  // Many ranks: a step is never shorter than its compute or than its busiest queue.
+  for (S s : {S::kNoShard, S::kZero1, S::kShardGradOp, S::kFullShard}) {
+    const fp::StepTime t = fp::estimate_step_time(m, par(s, 16, 0, 8), st, h100);
+    EXPECT_GE(t.step_s, t.compute_s) << fsdp::to_string(s);
+    EXPECT_GE(t.step_s + 1e-12, t.comm_s) << fsdp::to_string(s) << ": one queue runs every collective in turn";
+    EXPECT_NEAR(t.exposed_comm_s, t.step_s - t.compute_s, 1e-12);
+  }
+  // Collective cost: (n-1) alpha + (n-1)/n bytes / bandwidth; inter-node when crossing.
+  const double ag = fp::collective_time_s(h100, fsdp::comm::CollectiveKind::kAllGather, 8'000'000'000, 8, false);
+  EXPECT_DOUBLE_EQ(ag, 7 * 2e-6 + 7.0 / 8 * 8e9 / 450e9);
+  EXPECT_DOUBLE_EQ(fp::collective_time_s(h100, fsdp::comm::CollectiveKind::kAllReduce, 1'000'000, 16, true),
+                   30 * 6e-6 + 2 * 15.0 / 16 * 1e6 / 50e9);
+  EXPECT_EQ(fp::collective_time_s(h100, fsdp::comm::CollectiveKind::kAllReduce, 1'000'000, 1, false), 0.0);
+  // Checkpointing recomputes one forward: 8/6 of the block FLOPs.
+  fp::StepSetup ck = st;
+  ck.activation_checkpointing = true;
+  EXPECT_GT(fp::step_flops(m, ck), fp::step_flops(m, st) * 1.3);
+}

@@ -1,0 +1,218 @@
+// Tier `unit`: the planner's recommendations (DDP fits; ZeRO-2 needed; FULL_SHARD needed; the
+// smallest world size; tensor/pipeline parallelism needed), its JSON output, profiles and the
+// byte-count parser.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/common/check.h"
+#include "fsdp/planner/plan.h"
+
+namespace fp = fsdp::planner;
+using S = fsdp::ShardingStrategy;
+using K = fp::RecommendationKind;
+
+namespace {
+
+fp::PlanInputs inputs(const fp::ModelSpec& m, int64_t n, fp::Precision prec, const std::string& profile = "h100") {
+  fp::PlanInputs in;
+  in.model = m;
+  in.world_size = n;
+  in.profile = fp::builtin_profile(profile);
+  in.step.precision = prec;
+  if (m.arch.kind == fp::BlockKind::kLlama) in.step.seq_len = 4096;
+  return in;
+}
+
+fp::ModelSpec llama(const std::string& name) { return fp::llama_model(fp::llama_shape(name), name); }
+
+}  // namespace
+
+TEST(PlannerRecommend, DdpWhenItFitsWithHeadroom) {
+  const fp::Plan p = fp::make_plan(inputs(fp::gpt_model(fp::gpt_shape("gpt2", 50257), "gpt2"), 8, fp::Precision::kBf16));
+  EXPECT_EQ(p.recommendation.kind, K::kDataParallel);
+  EXPECT_EQ(p.recommendation.choice.strategy, S::kNoShard) << p.recommendation.reason;
+  EXPECT_FALSE(p.recommendation.activation_checkpointing);
+  EXPECT_NE(p.recommendation.reason.find("no_shard (DDP) fits"), std::string::npos) << p.recommendation.reason;
+  EXPECT_EQ(p.usable_bytes, 72'000'000'000) << "80 GB less 10% headroom";
+  ASSERT_EQ(p.strategies.size(), 4u + 2u) << "all strategies, hybrid_shard at G = 2 and 4";
+  for (const auto& s : p.strategies) EXPECT_TRUE(s.fits) << s.parallelism.label();
+  // The headroom rule: a peak above (1 - headroom) x memory does not fit.
+  fp::PlanInputs tight = inputs(fp::gpt_model(fp::gpt_shape("gpt2", 50257)), 8, fp::Precision::kBf16);
+  tight.memory_per_rank_bytes = static_cast<int64_t>(p.strategies.front().peak.peak_bytes / 0.9) - 1000;
+  EXPECT_NE(fp::make_plan(tight).recommendation.choice.strategy, S::kNoShard);
+  tight.headroom = 0.0;
+  EXPECT_EQ(fp::make_plan(tight).recommendation.choice.strategy, S::kNoShard);
+}
+
+// Communication-bound (a slow link) and too little memory for zero1's resident full params:
+// shard_grad_op moves 2 x 4P per step against full_shard's 3 x 4P.
+TEST(PlannerRecommend, ShardGradOpWhenZero1DoesNotFitAndCommunicationDominates) {
+  fp::PlanInputs in = inputs(fp::gpt_model(fp::gpt_shape("micro", 8192), "micro"), 2, fp::Precision::kFp32);
+  in.step.micro_batch_size = 2;
+  in.step.seq_len = 64;
+  fp::LinkProfile slow{1e-4, 1e9};
+  in.profile.all_gather = in.profile.reduce_scatter = in.profile.all_reduce = {slow, slow};
+  const fp::Plan probe = fp::make_plan(in);
+  const fp::StrategyPlan& zero1 = probe.strategies[1];
+  const fp::StrategyPlan& sgo = probe.strategies[2];
+  ASSERT_EQ(zero1.parallelism.strategy, S::kZero1);
+  ASSERT_EQ(sgo.parallelism.strategy, S::kShardGradOp);
+  ASSERT_LT(sgo.peak.peak_bytes, zero1.peak.peak_bytes) << "shard_grad_op frees each block after its backward";
+  in.headroom = 0.0;
+  in.memory_per_rank_bytes = (sgo.peak.peak_bytes + zero1.peak.peak_bytes) / 2;
+  const fp::Plan p = fp::make_plan(in);
+  EXPECT_EQ(p.recommendation.kind, K::kDataParallel);
+  EXPECT_EQ(p.recommendation.choice.strategy, S::kShardGradOp) << p.recommendation.reason;
+  EXPECT_LT(p.strategies[2].time.step_s, p.strategies.back().time.step_s) << "faster than full_shard";
+  EXPECT_TRUE(p.strategies.back().fits);
+  EXPECT_FALSE(p.strategies[1].fits);
+}
+
+TEST(PlannerRecommend, FullShardWhenOnlyItFits) {
+  const fp::Plan p = fp::make_plan(inputs(llama("llama2-13b"), 8, fp::Precision::kBf16));
+  EXPECT_EQ(p.recommendation.kind, K::kDataParallel);
+  EXPECT_EQ(p.recommendation.choice.strategy, S::kFullShard) << p.recommendation.reason;
+  for (const auto& s : p.strategies) {
+    EXPECT_EQ(s.fits, s.parallelism.strategy == S::kFullShard) << s.parallelism.label();
+  }
+}
+
+TEST(PlannerRecommend, SmallestWorldSizeAtWhichFullShardFits) {
+  fp::PlanInputs in = inputs(llama("llama2-70b"), 8, fp::Precision::kBf16);
+  in.step.activation_checkpointing = true;
+  const fp::Plan p = fp::make_plan(in);
+  ASSERT_EQ(p.recommendation.kind, K::kMoreRanks) << p.recommendation.reason;
+  const int64_t n = p.recommendation.min_world_size;
+  EXPECT_GT(n, 8);
+  EXPECT_EQ(n % 8, 0) << "beyond one node: whole nodes";
+  auto fs_peak = [&](int64_t w) {
+    fp::Parallelism par;
+    par.world_size = w;
+    par.ranks_per_node = 8;
+    return fp::peak_bytes(in.model, par, in.step).peak_bytes;
+  };
+  EXPECT_LE(fs_peak(n), p.usable_bytes);
+  EXPECT_GT(fs_peak(n - 8), p.usable_bytes) << "the smallest such world size";
+  // Without checkpointing the activations alone do not fit, at any N; the planner says to turn it on.
+  in.step.activation_checkpointing = false;
+  const fp::Plan q = fp::make_plan(in);
+  EXPECT_EQ(q.recommendation.kind, K::kMoreRanks);
+  EXPECT_TRUE(q.recommendation.activation_checkpointing) << q.recommendation.reason;
+  EXPECT_EQ(q.recommendation.min_world_size, n);
+}
+
+TEST(PlannerRecommend, ModelParallelismWhenWhatCannotBeShardedDoesNotFit) {
+  fp::PlanInputs in = inputs(llama("llama2-70b"), 64, fp::Precision::kBf16);
+  in.step.micro_batch_size = 16;
+  const fp::Plan p = fp::make_plan(in);
+  EXPECT_EQ(p.recommendation.kind, K::kModelParallel);
+  EXPECT_NE(p.recommendation.reason.find("tensor or pipeline parallelism"), std::string::npos) << p.recommendation.reason;
+  EXPECT_NE(p.recommendation.reason.find("activations"), std::string::npos);
+}
+
+TEST(PlannerRecommend, SevenBillionOnEightRanks) {
+  fp::PlanInputs in = inputs(fp::params_only_model(7'000'000'000, 32, "7B"), 8, fp::Precision::kBf16);
+  const fp::Plan p = fp::make_plan(in);
+  EXPECT_EQ(p.strategies.front().state.total_bytes(), 112'000'000'000);
+  EXPECT_EQ(p.strategies.back().state.total_bytes(), 14'000'000'000);
+  EXPECT_EQ(p.engine_split.total(), 16);
+  EXPECT_EQ(p.zero_paper_split.optimizer, 12);
+  EXPECT_NE(p.recommendation.choice.strategy, S::kNoShard) << "112 GB of model state exceed 80 GB";
+}
+
+TEST(PlannerRecommend, InvalidInputsAreRejected) {
+  fp::PlanInputs in = inputs(fp::gpt_model(fp::gpt_shape("nano", 8192)), 4, fp::Precision::kFp32);
+  in.headroom = 1.0;
+  EXPECT_THROW(fp::make_plan(in), fsdp::Error);
+  in.headroom = 0.1;
+  in.strategy = S::kHybridShard;
+  in.hybrid_shard_group_size = 3;
+  EXPECT_THROW(fp::make_plan(in), fsdp::Error);
+  in.hybrid_shard_group_size = 0;
+  in.rank = 4;
+  EXPECT_THROW(fp::make_plan(in), fsdp::Error);
+}
+
+TEST(PlannerJson, PlanParsesAndCarriesEveryStrategy) {
+  fp::PlanInputs in = inputs(llama("llama2-13b"), 64, fp::Precision::kBf16);
+  in.ranks_per_node = 8;
+  const fp::Plan p = fp::make_plan(in);
+  const auto j = nlohmann::json::parse(fp::plan_to_json(p));
+  EXPECT_EQ(j["model"]["num_params"].get<int64_t>(), 13'015'864'320);
+  EXPECT_EQ(j["inputs"]["world_size"].get<int64_t>(), 64);
+  EXPECT_EQ(j["bytes_per_param"]["engine"]["total"].get<double>(), 16.0);
+  ASSERT_EQ(j["strategies"].size(), p.strategies.size());
+  for (size_t i = 0; i < p.strategies.size(); ++i) {
+    const auto& s = j["strategies"][i];
+    EXPECT_EQ(s["label"].get<std::string>(), p.strategies[i].parallelism.label());
+    EXPECT_EQ(s["peak"]["peak_bytes"].get<int64_t>(), p.strategies[i].peak.peak_bytes);
+    EXPECT_EQ(s["model_state"]["total_bytes"].get<int64_t>(), p.strategies[i].state.total_bytes());
+    EXPECT_DOUBLE_EQ(s["time"]["step_s"].get<double>(), p.strategies[i].time.step_s);
+    EXPECT_EQ(s["traffic"]["all_gather"]["calls"].get<int64_t>(), p.strategies[i].traffic.all_gather.calls);
+    EXPECT_EQ(s["fits"].get<bool>(), p.strategies[i].fits);
+  }
+  EXPECT_EQ(j["recommendation"]["kind"].get<std::string>(), fp::to_string(p.recommendation.kind));
+  EXPECT_EQ(j["recommendation"]["reason"].get<std::string>(), p.recommendation.reason);
+  EXPECT_EQ(j["profile"]["name"].get<std::string>(), "h100");
+}
+
+TEST(PlannerProfile, BuiltinsRoundTripThroughJson) {
+  for (const auto& name : fp::builtin_profile_names()) {
+    const fp::DeviceProfile a = fp::builtin_profile(name);
+    const fp::DeviceProfile b = fp::profile_from_json(fp::profile_to_json(a));
+    EXPECT_EQ(b.name, name);
+    EXPECT_EQ(b.memory_bytes, 80'000'000'000);
+    EXPECT_EQ(b.ranks_per_node, 8);
+    EXPECT_EQ(b.sources, a.sources);
+    EXPECT_DOUBLE_EQ(b.matmul_flops_per_s_bf16, a.matmul_flops_per_s_bf16);
+    EXPECT_DOUBLE_EQ(b.all_reduce.inter_node.bandwidth_bytes_per_s, a.all_reduce.inter_node.bandwidth_bytes_per_s);
+    EXPECT_FALSE(a.sources.empty());
+  }
+  EXPECT_DOUBLE_EQ(fp::builtin_profile("h100").matmul_flops_per_s_bf16, 989.5e12);
+  EXPECT_DOUBLE_EQ(fp::builtin_profile("a100").matmul_flops_per_s_fp32, 19.5e12);
+  try {
+    fp::profile_from_json(R"({"name": "x", "memory_bytes": 1})");
+    ADD_FAILURE() << "a profile without ranks_per_node accepted";
+  } catch (const fsdp::Error& e) {
+    EXPECT_EQ(e.kind(), fsdp::ErrorKind::kCorruptData);
+    EXPECT_NE(std::string(e.what()).find("ranks_per_node"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(fp::load_profile("/nonexistent/profile.json"), fsdp::Error);
+}
+
+TEST(PlannerProfile, CalibrationFitGivesBackTheCollectiveTimes) {
+  using CK = fsdp::comm::CollectiveKind;
+  // Synthetic measurements at N = 4: t = 30 us + bytes / 2 GB/s.
+  std::vector<fp::CalibrationPoint> pts;
+  for (int64_t b : {4096, 65536, 1 << 20, 16 << 20}) pts.push_back({b, 30e-6 + static_cast<double>(b) / 2e9});
+  const fp::CalibrationFit fit = fp::fit_alpha_beta(pts);
+  EXPECT_NEAR(fit.alpha_s, 30e-6, 1e-12);
+  EXPECT_NEAR(fit.beta_s_per_byte, 0.5e-9, 1e-18);
+  fp::DeviceProfile p = fp::builtin_profile("h100");
+  for (CK k : {CK::kAllGather, CK::kReduceScatter, CK::kAllReduce}) {
+    const fp::LinkProfile l = fp::link_from_fit(k, fit, 4);
+    p.all_gather = p.reduce_scatter = p.all_reduce = {l, l};
+    EXPECT_NEAR(fp::collective_time_s(p, k, 1 << 20, 4, false), 30e-6 + (1 << 20) / 2e9, 1e-12) << fsdp::comm::to_string(k);
+  }
+  EXPECT_THROW(fp::fit_alpha_beta({{1, 1.0}}), fsdp::Error);
+}
+
+TEST(PlannerUnits, ParseAndFormatBytes) {
+  EXPECT_EQ(fp::parse_bytes("80GB"), 80'000'000'000);
+  EXPECT_EQ(fp::parse_bytes("80GiB"), 80LL << 30);
+  EXPECT_EQ(fp::parse_bytes("512 MiB"), 512LL << 20);
+  EXPECT_EQ(fp::parse_bytes("1.5TB"), 1'500'000'000'000);
+  EXPECT_EQ(fp::parse_bytes("1e9"), 1'000'000'000);
+  EXPECT_EQ(fp::parse_bytes("123"), 123);
+  for (const char* bad : {"", "GB", "80XB", "-1GB"}) {
+    try {
+      fp::parse_bytes(bad);
+      ADD_FAILURE() << "'" << bad << "' accepted";
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(e.kind(), fsdp::ErrorKind::kInvalidArgument);
+    }
+  }
+  EXPECT_EQ(fp::format_bytes(112e9), "112.0 GB");
+  EXPECT_EQ(fp::format_bytes(14e9), "14.0 GB");
+}
