@@ -86,6 +86,7 @@ TEST(ManifestValidation, EditedFieldsAreRefusedBeforeAnyWrite) {
   const std::string name = ckpt::save_sharded(dir.path, m, opt.get(), st, g);
   const std::string mpath = dir.sub(name + "/manifest.json");
   const json good = read_json(mpath);
+  g->barrier()->wait();  // every rank has read it before rank 0 edits it
 
   const std::string w1 = "model/fc1.weight";
   using Edit = std::function<void(json&)>;
@@ -147,6 +148,7 @@ TEST(ManifestValidation, DamagedLatestIsRefusedNotSkipped) {
   }
   const std::string newest = dir.sub("step-000000002"), older = dir.sub("step-000000001");
   json bad = read_json(newest + "/manifest.json");
+  g->barrier()->wait();  // every rank has read it before rank 0 edits it
   bad["tensors"]["model/fc1.weight"]["shards"][0]["chunk_rows"] = 0;
   write_json_on_rank0(newest + "/manifest.json", bad);
   for (bool with_latest : {true, false}) {
