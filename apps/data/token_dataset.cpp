@@ -40,8 +40,10 @@ SourceInfo stat_source(const std::string& path) {
           static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }
 
+// A cache is derived data: one that does not match its source, its tokenizer, its own size or
+// the vocabulary (ids in [0, vocab_size)) is a miss and gets rebuilt from the text.
 bool read_cache(const std::string& path, const SourceInfo& src, uint64_t tok_hash,
-                std::vector<int32_t>& out) {
+                int64_t vocab_size, std::vector<int32_t>& out) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
   CacheHeader h{};
@@ -51,6 +53,11 @@ bool read_cache(const std::string& path, const SourceInfo& src, uint64_t tok_has
       (h.bytes_per_token != 2 && h.bytes_per_token != 4)) {
     return false;
   }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || h.num_tokens > (uint64_t(1) << 40) ||
+      static_cast<uint64_t>(st.st_size) != sizeof(h) + h.bytes_per_token * h.num_tokens) {
+    return false;  // truncated, extended or a corrupt count
+  }
   out.resize(h.num_tokens);
   if (h.bytes_per_token == 4) {
     in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(4 * h.num_tokens));
@@ -59,7 +66,11 @@ bool read_cache(const std::string& path, const SourceInfo& src, uint64_t tok_has
     in.read(reinterpret_cast<char*>(tmp.data()), static_cast<std::streamsize>(2 * h.num_tokens));
     for (size_t i = 0; i < tmp.size(); ++i) out[i] = tmp[i];
   }
-  return static_cast<bool>(in);
+  if (!in) return false;
+  for (int32_t id : out) {
+    if (id < 0 || id >= vocab_size) return false;
+  }
+  return true;
 }
 
 void write_cache(const std::string& path, const SourceInfo& src, const Tokenizer& tok,
@@ -108,7 +119,7 @@ TokenDataset TokenDataset::load_or_build(const std::string& text_path, const Tok
   SourceInfo src = stat_source(text_path);
   std::string cache = cache_path(text_path, tokenizer);
   std::vector<int32_t> tokens;
-  if (read_cache(cache, src, tokenizer.model_hash(), tokens)) {
+  if (read_cache(cache, src, tokenizer.model_hash(), tokenizer.vocab_size(), tokens)) {
     if (built) *built = false;
     return TokenDataset(std::move(tokens));
   }

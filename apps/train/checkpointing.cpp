@@ -2,10 +2,6 @@
 #include "train/checkpointing.h"
 
 #include <ATen/ops/tensor.h>
-#include <unistd.h>
-
-#include <filesystem>
-#include <system_error>
 #include <vector>
 
 #include "fsdp/checkpoint/checkpoint.h"
@@ -13,6 +9,7 @@
 #include "fsdp/common/check.h"
 #include "train/errors.h"
 #include "train/reporting.h"
+#include "train/resume_checks.h"
 
 namespace apps::train {
 namespace {
@@ -41,46 +38,12 @@ Resumed resume(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& m
     return fsdp::checkpoint::load_sharded(path, model, &optimizer, &st, group);
   });
   r.load_s = seconds_since(t0);
-  auto need = [&](const char* key) {
-    auto it = st.ints.find(key);
-    if (it == st.ints.end()) {
-      throw CheckpointError("--resume " + r.path + ": the checkpoint's train state has no '" + key +
-                            "' (not written by fsdp-train?)");
-    }
-    return it->second;
-  };
-  r.progress.step = need("step");
-  r.progress.lr_step = need("lr_step");
-  const int64_t sampler_pos = need("sampler_pos");
-  if (sampler_pos % c.global_batch_size != 0) {
-    throw UsageError("--resume " + r.path + ": " + std::to_string(sampler_pos) +
-                     " sequences consumed is not a whole number of global batches of " +
-                     std::to_string(c.global_batch_size) + " (resume with the same "
-                     "--global-batch-size)");
-  }
-  r.progress.batch_pos = sampler_pos / c.global_batch_size;
+  r.progress = validated_progress(c, r.path, st, optimizer, model);
   if (auto it = st.tensors.find("rng"); it != st.tensors.end()) {
     fsdp::checkpoint::set_cpu_rng_state(it->second);
   }
   loss_scaling.load_state(st);
   return r;
-}
-
-void check_save_dir(const TrainConfig& c, fsdp::comm::ProcessGroup& group) {
-  if (c.save.empty()) return;
-  std::string why;
-  if (group.rank() == 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(c.save, ec);
-    if (ec) why = "cannot create it: " + ec.message();
-    else if (!std::filesystem::is_directory(c.save, ec)) why = "not a directory";
-    else if (::access(c.save.c_str(), W_OK | X_OK) != 0) why = "not writable";
-  }
-  at::Tensor bad = at::tensor(std::vector<int64_t>{why.empty() ? 0 : 1}, at::kLong);
-  group.all_reduce(bad, fsdp::comm::ReduceOp::kMax)->wait();
-  if (bad.item<int64_t>() != 0) {
-    throw UsageError("--save '" + c.save + "': " + (why.empty() ? "unusable on rank 0" : why));
-  }
 }
 
 Saved save(const TrainConfig& c, const TrainProgress& progress,

@@ -1,5 +1,5 @@
-// Checkpoints of fsdp-train: what a checkpoint's TrainState holds, --resume, --save (and the
-// check of its directory before training), --export and --import. Every call here is collective
+// Checkpoints of fsdp-train: what a checkpoint's TrainState holds, --resume, --save, --export and
+// --import (their paths are checked before training by preflight.h). Every call here is collective
 // over the group and turns the library's fsdp::Error into a CheckpointError.
 //
 // [Note: checkpoint contents]
@@ -42,16 +42,11 @@ struct Resumed {
 /// --resume PATH ("latest": --save DIR): loads the model shards, the optimizer state, the CPU
 /// generator and the loss scaler state, and returns the progress. Nothing without --resume.
 /// Collective and blocking over group. Throws CheckpointError when the checkpoint cannot be
-/// loaded (missing, incomplete, corrupt, another model) or its TrainState lacks a key, and
-/// UsageError when it was written with another --global-batch-size.
+/// loaded (missing, incomplete, corrupt, another model) or its TrainState is not consistent
+/// (resume_checks.h), and UsageError when it was written with another --global-batch-size.
 Resumed resume(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& model,
                torch::optim::Optimizer& optimizer, LossScaling& loss_scaling,
                const fsdp::comm::ProcessGroupPtr& group);
-
-/// Checks that --save names a usable directory (created if missing, writable) before training:
-/// rank 0 looks, every rank learns the verdict (one all-reduce). Nothing without --save.
-/// Collective and blocking over group. Throws UsageError saying why on every rank.
-void check_save_dir(const TrainConfig& c, fsdp::comm::ProcessGroup& group);
 
 /// A checkpoint written by save().
 struct Saved {

@@ -20,4 +20,11 @@ struct CheckpointError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A failure every rank detects together during training (a non-finite loss or gradient norm,
+/// --on-nonfinite stop), thrown identically on every rank. Rank 0 prints it, exit code 1, no
+/// MPI_Abort.
+struct RunError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace apps::train

@@ -105,6 +105,9 @@ int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder
       return 1;
     }
     std::cerr << "fsdp-train [rank " << rank << "]: error: " << e.what() << remedy << std::endl;
+  } catch (const RunError& e) {
+    if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;
+    return 1;
   } catch (const fsdp::Error& e) {
     if (e.kind() == fsdp::ErrorKind::kMismatch) {
       // The collective check fails the same collective on every rank with the same verdict.

@@ -2,9 +2,9 @@
 // a clean exit), and which need the job aborted because a peer may be blocked in a collective.
 //
 // Exit codes: 0 done (or --help); 2 a bad flag or setting (rank 0 prints it once, every rank
-// exits); 1 a failure every rank reached together (a checkpoint operation, ranks that ran
-// different collectives, every rank out of its --memory-budget: rank 0 prints it, every rank
-// exits); otherwise the error is printed by
+// exits); 1 a failure every rank reached together (a checkpoint operation, a non-finite loss,
+// ranks that ran different collectives, every rank out of its --memory-budget: rank 0 prints it,
+// every rank exits); otherwise the error is printed by
 // each rank that hits it, with its rank, and the job is aborted. A collective timeout also prints
 // the diagnosis of the flight-recorder dumps (which ranks wait where, which rank left no dump)
 // from the lowest live rank before the abort.

@@ -50,6 +50,12 @@ bool LossScaling::step(torch::optim::Optimizer& optimizer,
   return true;
 }
 
+void LossScaling::skip_step() {
+#if FSDP_TRAIN_HAS_GRAD_SCALER
+  if (scaler_) scaler_->update();
+#endif
+}
+
 double LossScaling::current_scale() const {
 #if FSDP_TRAIN_HAS_GRAD_SCALER
   if (scaler_) return scaler_->get_scale();

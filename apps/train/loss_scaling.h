@@ -37,6 +37,9 @@ class LossScaling {
   /// optimizer.step() unless a rank found inf/NaN gradients, then the scale update; returns
   /// whether the optimizer stepped. Collective when enabled.
   bool step(torch::optim::Optimizer& optimizer, const std::shared_ptr<torch::nn::Module>& model);
+  /// Ends the step without an optimizer step (--on-nonfinite skip): the scale update only (after
+  /// unscale). Not collective; nothing when disabled.
+  void skip_step();
   /// The scale the next backward uses (1 when disabled).
   double current_scale() const;
   /// Writes the scaler state into a checkpoint's TrainState: doubles "grad_scale", ints

@@ -12,11 +12,15 @@
 //                     root), the identical-init check across ranks, AdamW over this rank's shards.
 //   corpus.*          the tokenizer model, the training / validation token streams, the samplers.
 //   loss_scaling.*    fp16 dynamic loss scaling (fsdp::GradScaler), a pass-through otherwise.
-//   checkpointing.*   --resume, --save (and its directory check), --export, --import.
+//   checkpointing.*   --resume, --save, --export, --import.
+//   resume_checks.*   the TrainState counters of --resume, checked before use.
+//   preflight.*       before step 1: output paths writable with room, sample settings.
+//   nonfinite.*       the per-step NaN/inf check (--on-nonfinite stop|skip).
+//   value_bounds.*    bounds of the numeric flags, with readable messages.
 //   reporting.*       lr schedule, console, JSON-lines events, Chrome trace.
 //   op_profile.*      --profile: libtorch's operator profiler over the last steps.
 //   failures.*        the exit path of every failure (exit codes, the timeout diagnosis).
-//   errors.h          UsageError and CheckpointError.
+//   errors.h          UsageError, CheckpointError and RunError.
 //
 // Measurement rules (what the JSON-lines fields measure): [Note: measurement rules] in
 // reporting.h. Checkpoint contents: [Note: checkpoint contents] in checkpointing.h. Both are

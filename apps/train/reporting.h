@@ -8,7 +8,8 @@
 //     backwards, grad clipping, optimizer step): a snapshot is taken right before the first
 //     micro-batch and right after optimizer.step() (trainer.cpp). The app's own collectives for the
 //     reported loss and memory (reduce_step_report, after the second snapshot), evaluation and
-//     checkpointing are excluded exactly.
+//     checkpointing are excluded exactly. The training part includes the non-finite check's
+//     all-reduce of N int64 (nonfinite.h), one per step (a second only on a non-finite norm).
 //   * "mem" values are the MAX over ranks. param/grad/optim/unsharded/resident bytes are
 //     fsdp::accounting::model_state_bytes after optimizer.step() (before zero_grad); peak_bytes is
 //     the counting allocator's peak over the training part of the step (reset at its start).

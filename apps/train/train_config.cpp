@@ -9,6 +9,8 @@
 #include <sstream>
 #include <vector>
 
+#include "train/value_bounds.h"
+
 namespace apps::train {
 
 namespace {
@@ -76,24 +78,28 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   CLI::App app{
       "fsdp-train: trains a GPT-2-style model with Fully Sharded Data Parallel over MPI.\n"
       "Launch: mpirun -n N fsdp-train [flags]. Rank 0 prints; every rank runs the same flags."};
+  // One line per error, like every other failure of fsdp-train (CLI11's default adds a second).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string("fsdp-train: error: ") + e.what() + " (see --help)\n";
+  });
   app.option_defaults()->always_capture_default()->multi_option_policy(
       CLI::MultiOptionPolicy::TakeLast);
-  auto positive = CLI::PositiveNumber;
-  auto non_negative = CLI::NonNegativeNumber;
+  // Bounds: wide enough for any real run, narrow enough to catch a typo (value_bounds.h).
+  constexpr int64_t kMaxSize = int64_t(1) << 30;
 
   // Model
   app.add_option("--model", c.model, "Model preset")
       ->check(CLI::IsMember({"nano", "micro", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}))
       ->group("Model");
   app.add_option("--n-layer", c.n_layer, "Override the preset's number of blocks (0: keep)")
-      ->check(non_negative)->group("Model");
+      ->check(int_in(0, 10000))->group("Model");
   app.add_option("--n-head", c.n_head, "Override the preset's attention heads (0: keep)")
-      ->check(non_negative)->group("Model");
+      ->check(int_in(0, 10000))->group("Model");
   app.add_option("--n-embd", c.n_embd, "Override the preset's width in channels (0: keep)")
-      ->check(non_negative)->group("Model");
+      ->check(int_in(0, 1 << 20))->group("Model");
   app.add_option("--block-size", c.block_size,
                  "Override the preset's context length in tokens (0: keep)")
-      ->check(non_negative)->group("Model");
+      ->check(int_in(0, 1 << 24))->group("Model");
   app.add_option("--attention", c.attention,
                  "Attention kernel: flash (libtorch's fused kernel), math (two matmuls, fp32 "
                  "softmax), auto (math for bf16/fp16 at seq len <= 256, where it is faster on CPUs; "
@@ -109,7 +115,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       ->group("Data");
   app.add_option("--vocab-size", c.vocab_size,
                  "Tokenizer vocabulary size in tokens: selects <data-dir>/spm_<vocab>.model")
-      ->check(positive)->group("Data");
+      ->check(int_in(1, 65536))->group("Data");
   // Parallelism
   app.add_option("--strategy", c.strategy,
                  "Sharding strategy: full_shard (ZeRO-3), shard_grad_op (ZeRO-2), zero1, no_shard "
@@ -154,7 +160,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb,
                  "no_shard: gradient all-reduce bucket size in MiB (issued during backward). "
                  "Default 25; an error with another strategy")
-      ->check(CLI::PositiveNumber)->group("Parallelism");
+      ->check(real_in(0, 1 << 20, /*lo_open=*/true))->group("Parallelism");
   app.add_flag("--activation-checkpointing", c.activation_checkpointing,
                "Recompute each block's activations in backward instead of keeping them from the "
                "forward (fsdp::call_checkpointed): less activation memory, one more block forward "
@@ -168,45 +174,50 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   // Optimisation
   app.add_option("--global-batch-size", c.global_batch_size,
                  "Sequences per optimizer step, all ranks together (divisible by the world size)")
-      ->check(positive)->group("Optimisation");
+      ->check(int_in(1, kMaxSize))->group("Optimisation");
   app.add_option("--micro-batch-size", c.micro_batch_size,
                  "Sequences per forward/backward per rank; gradient accumulation steps = "
                  "G / (N * micro). 0: G/N (no accumulation)")
-      ->check(non_negative)->group("Optimisation");
+      ->check(int_in(0, kMaxSize))->group("Optimisation");
   app.add_option("--seq-len", c.seq_len, "Tokens per training sequence (<= context length)")
-      ->check(positive)->group("Optimisation");
-  app.add_option("--steps", c.steps, "Optimizer steps")->check(positive)->group("Optimisation");
-  app.add_option("--lr", c.lr, "Peak learning rate (AdamW)")->check(positive)->group("Optimisation");
+      ->check(int_in(1, 1 << 24))->group("Optimisation");
+  app.add_option("--steps", c.steps, "Optimizer steps")->check(int_in(1, kMaxSize))->group("Optimisation");
+  app.add_option("--lr", c.lr, "Peak learning rate (AdamW)")->check(real_in(0, 1e3, /*lo_open=*/true))->group("Optimisation");
   app.add_option("--min-lr", c.min_lr, "Learning rate at the end of the cosine decay")
-      ->check(non_negative)->group("Optimisation");
+      ->check(real_in(0, 1e3))->group("Optimisation");
   app.add_option("--warmup-steps", c.warmup_steps,
                  "Steps of linear warmup from lr/warmup to lr, then cosine decay to --min-lr")
-      ->check(non_negative)->group("Optimisation");
+      ->check(int_in(0, kMaxSize))->group("Optimisation");
   app.add_option("--weight-decay", c.weight_decay,
                  "AdamW decoupled weight decay, applied to the Linear weight matrices only (not to "
                  "biases, LayerNorm weights or the token/position embeddings)")
-      ->check(non_negative)->group("Optimisation");
-  app.add_option("--beta1", c.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0))->group("Optimisation");
-  app.add_option("--beta2", c.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0))->group("Optimisation");
+      ->check(real_in(0, 1e3))->group("Optimisation");
+  app.add_option("--beta1", c.beta1, "AdamW beta1")->check(real_below(0, 1))->group("Optimisation");
+  app.add_option("--beta2", c.beta2, "AdamW beta2")->check(real_below(0, 1))->group("Optimisation");
   app.add_option("--grad-clip", c.grad_clip,
                  "Max global L2 norm of the gradient (fsdp::clip_grad_norm); 0: no clipping")
-      ->check(non_negative)->group("Optimisation");
+      ->check(real_in(0, 1e12))->group("Optimisation");
   app.add_option("--seed", c.seed, "Seed of model init, data order and sampling")
       ->group("Optimisation");
+  app.add_option("--on-nonfinite", c.on_nonfinite,
+                 "A NaN or inf loss or gradient norm on any rank: 'stop' (exit 1 naming the step "
+                 "and the ranks, before the optimizer step: no checkpoint holds it) or 'skip' (drop "
+                 "the step's update, as the fp16 loss scaler does, and go on)")
+      ->check(CLI::IsMember({"stop", "skip"}))->group("Optimisation");
   // Evaluation and output
   app.add_option("--eval-every", c.eval_every,
                  "Steps between validation passes (0: only after the last step)")
-      ->check(non_negative)->group("Output");
+      ->check(int_in(0, kMaxSize))->group("Output");
   app.add_option("--eval-batches", c.eval_batches, "Global batches per validation pass")
-      ->check(positive)->group("Output");
+      ->check(int_in(1, kMaxSize))->group("Output");
   app.add_option("--sample-tokens", c.sample_tokens,
                  "Tokens to generate after training from --sample-prompt (0: no sample)")
-      ->check(non_negative)->group("Output");
+      ->check(int_in(0, 1 << 24))->group("Output");
   app.add_option("--sample-prompt", c.sample_prompt, "Prompt of the sample")->group("Output");
   app.add_option("--sample-temperature", c.sample_temperature, "Sampling temperature (> 0)")
-      ->check(CLI::PositiveNumber)->group("Output");
+      ->check(real_in(0, 1e3, /*lo_open=*/true))->group("Output");
   app.add_option("--sample-top-k", c.sample_top_k, "Sample among the k most likely tokens (0: all)")
-      ->check(non_negative)->group("Output");
+      ->check(int_in(0, 65536))->group("Output");
   app.add_option("--progress", c.progress,
                  "Console output of rank 0: 'bar' (one line updated in place), 'lines' (one line "
                  "per step), 'auto' (bar when stdout is a terminal; note that mpirun gives ranks a "
@@ -221,7 +232,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--collective-timeout", c.collective_timeout_s,
                  "Seconds a collective may take before the job stops with a diagnosis of who is where "
                  "(default: FSDP_COLLECTIVE_TIMEOUT_S, else 600)")
-      ->check(CLI::Range(0.001, 1e7))->group("Output");
+      ->check(real_in(0.001, 1e7))->group("Output");
   app.add_option("--flight-recorder-dir", c.flight_recorder_dir,
                  "Where each rank writes its last collectives on a timeout or a collective error "
                  "(default: FSDP_FLIGHT_RECORDER_DIR, else flight-recorder/ beside --metrics, else "
@@ -233,7 +244,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
                  "self time printed by rank 0")
       ->group("Output");
   app.add_option("--profile-steps", c.profile_steps, "Steps recorded by --profile (the last K)")
-      ->check(positive)->group("Output");
+      ->check(int_in(1, kMaxSize))->group("Output");
   // Checkpoints
   app.add_option("--save", c.save,
                  "Write sharded checkpoints (fsdp::checkpoint::save_sharded) to this directory: "
@@ -241,9 +252,9 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       ->group("Checkpoints");
   app.add_option("--save-every", c.save_every,
                  "Steps between checkpoints (0: only after the last step); needs --save")
-      ->check(non_negative)->group("Checkpoints");
+      ->check(int_in(0, kMaxSize))->group("Checkpoints");
   app.add_option("--keep", c.keep, "Keep only the newest K checkpoints in --save (0: keep all)")
-      ->check(non_negative)->group("Checkpoints");
+      ->check(int_in(0, 1 << 20))->group("Checkpoints");
   app.add_option("--resume", c.resume,
                  "Resume from a checkpoint directory, a directory of checkpoints (its latest), or "
                  "'latest' (the latest in --save). Any world size. A missing or bad checkpoint is "

@@ -54,6 +54,9 @@ struct TrainConfig {
   double beta2 = 0.95;
   double grad_clip = 1.0;  ///< max global grad norm; 0 disables clipping (the norm is still reported)
   uint64_t seed = 1337;
+  /// A NaN or inf loss or gradient norm on any rank: "stop" (exit 1 naming the step and ranks,
+  /// before the optimizer step) or "skip" (drop that step's update and go on).
+  std::string on_nonfinite = "stop";
   // Evaluation and output
   int64_t eval_every = 50;   ///< steps between validation passes; 0 = only at the end
   int64_t eval_batches = 4;  ///< global batches per validation pass

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -33,7 +34,9 @@
 #include "train/errors.h"
 #include "train/loss_scaling.h"
 #include "train/model_setup.h"
+#include "train/nonfinite.h"
 #include "train/op_profile.h"
+#include "train/preflight.h"
 #include "train/reporting.h"
 
 namespace apps::train {
@@ -79,7 +82,7 @@ class Trainer {
   void run();
 
  private:
-  StepResult train_step(const at::Tensor& batch);
+  StepResult train_step(const at::Tensor& batch, int64_t step);
   void eval_now(int64_t step);
   void save_now();
   void sample();
@@ -101,6 +104,7 @@ class Trainer {
   std::optional<JsonLines> metrics_;
   TraceRecorder trace_;
   double last_val_ = NAN;
+  std::optional<NonFiniteInjection> inject_nonfinite_;  ///< test only
 };
 
 Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool heap_retained)
@@ -114,18 +118,31 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
       fsdp_options_(resolve_fsdp_options(c, *group_)),
       root_options_(root_options_of(fsdp_options_)),
       loss_scaling_(c.mixed_precision == "fp16"),
-      trace_(rank_, !c.trace.empty()) {
+      trace_(rank_, !c.trace.empty()),
+      inject_nonfinite_(nonfinite_injection_from_env()) {
   facts_.threads = resolve_threads(cfg_);
   at::set_num_threads(facts_.threads);
   // Data: rank 0 tokenizes first (a barrier).
   facts_.tokenizer_path = tokenizer_path(cfg_);
-  tokenizer_ = std::make_unique<data::Tokenizer>(facts_.tokenizer_path);
+  try {  // the same file on every rank: the same verdict, a usage error rather than an abort
+    tokenizer_ = std::make_unique<data::Tokenizer>(facts_.tokenizer_path);
+  } catch (const std::runtime_error& e) {
+    throw UsageError(std::string("--data-dir / --vocab-size: ") + e.what());
+  }
+  const models::GPTConfig mcfg = resolve_model(cfg_, tokenizer_->vocab_size());
+  // Everything the end of the run needs is checked now, before any data or training.
+  PreflightFacts pf;
+  pf.vocab_size = tokenizer_->vocab_size();
+  pf.prompt_tokens = static_cast<int64_t>(tokenizer_->encode(cfg_.sample_prompt).size());
+  pf.checkpoint_bytes = checkpoint_bytes_of(mcfg.num_params());
+  pf.export_bytes = export_bytes_of(mcfg.num_params());
+  preflight(cfg_, pf, *group_);
+  // Data: rank 0 tokenizes first (a barrier).
   corpus_ = load_corpus(cfg_, *tokenizer_, *group_, console_);
   train_sampler_.emplace(make_sampler(corpus_.train, cfg_, rank_, world_, "training"));
   val_sampler_.emplace(make_sampler(corpus_.val, cfg_, rank_, world_, "validation"));
 
   // Model: identical init on every rank (checked), then one unit per block plus the root.
-  const models::GPTConfig mcfg = resolve_model(cfg_, tokenizer_->vocab_size());
   torch::manual_seed(cfg_.seed);
   model_ = models::GPT(mcfg);
   model_->set_activation_checkpointing(cfg_.activation_checkpointing);
@@ -143,7 +160,6 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   optimizer_ = make_optimizer(model_, cfg_);
   const Resumed resumed = resume(cfg_, model_.ptr(), *optimizer_, loss_scaling_, group_);
   progress_ = resumed.progress;
-  check_save_dir(cfg_, *group_);
 
   metrics_.emplace(cfg_.metrics, rank_);
   if (rank_ == 0 && !cfg_.trace.empty() && !std::ofstream(cfg_.trace, std::ios::trunc)) {
@@ -179,7 +195,7 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   print_start(console_, cfg_, facts_, cpu);
 }
 
-StepResult Trainer::train_step(const at::Tensor& batch) {
+StepResult Trainer::train_step(const at::Tensor& batch, int64_t step) {
   // The measured part of the step: [Note: measurement rules] in reporting.h.
   StepResult r;
   const int64_t T = cfg_.seq_len, micro = batch_.micro, accum = batch_.accum;
@@ -195,6 +211,9 @@ StepResult Trainer::train_step(const at::Tensor& batch) {
       at::Tensor logits = fsdp::call(model_, mb.slice(1, 0, T));  // (micro, T, V)
       const fsdp::ActivityScope activity(nullptr, "loss");
       loss = models::gpt_loss(logits.to(at::kFloat), mb.slice(1, 1, T + 1));
+      if (inject_nonfinite_ && inject_nonfinite_->step == step && inject_nonfinite_->rank == rank_) {
+        loss = loss * std::numeric_limits<double>::quiet_NaN();  // test only
+      }
     }
     {
       TraceScope s(trace_, "backward mb" + std::to_string(k));
@@ -210,7 +229,19 @@ StepResult Trainer::train_step(const at::Tensor& batch) {
     const fsdp::ActivityScope activity(nullptr, "optimizer step");
     loss_scaling_.unscale(model_.ptr());
     r.grad_norm = fsdp::clip_grad_norm(model_.ptr(), cfg_.grad_clip);
-    r.stepped = loss_scaling_.step(*optimizer_, model_.ptr());
+    const std::string nonfinite = nonfinite_report(step, r.local_loss, r.grad_norm,
+                                                   !loss_scaling_.enabled(), model_.ptr(), *group_);
+    if (!nonfinite.empty() && cfg_.on_nonfinite == "stop") {
+      throw RunError(nonfinite + "; stopped before the optimizer step, no checkpoint of this step "
+                     "(--on-nonfinite skip drops such steps instead)");
+    }
+    if (!nonfinite.empty()) {
+      r.stepped = false;  // --on-nonfinite skip: the update is dropped, as the fp16 scaler does
+      loss_scaling_.skip_step();
+      console_.line(nonfinite + "; update skipped (--on-nonfinite skip)");
+    } else {
+      r.stepped = loss_scaling_.step(*optimizer_, model_.ptr());
+    }
     state = fsdp::accounting::model_state_bytes(model_.ptr(), optimizer_.get());
     optimizer_->zero_grad();
   }
@@ -278,7 +309,7 @@ void Trainer::run() {
       static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
     }
     at::Tensor batch = train_sampler_->train_batch(progress_.batch_pos++);  // (G/N, T+1)
-    StepResult r = train_step(batch);
+    StepResult r = train_step(batch, step);
     progress_.step = step;
     if (op_profiler.active()) {
       profiled_s += r.step_time_s;

@@ -16,6 +16,7 @@
 #include "fsdp/runtime/fully_shard.h"
 #include "fsdp/runtime/state_dict.h"
 #include "io.h"
+#include "torch_file.h"
 
 namespace fsdp::checkpoint {
 
@@ -40,6 +41,29 @@ std::string pickle_untagged(const c10::Dict<std::string, at::Tensor>& dict) {
                                      writer);
   writer.writeEndOfFile();
   return out;
+}
+
+// [Note: wrapper prefixes] A state dict saved from a wrapped module has every key prefixed:
+// "module." (torch.nn.DataParallel / DistributedDataParallel) or "_orig_mod." (torch.compile).
+// When no key names a parameter of the model as it is and every key carries the same such
+// prefix, the prefix is removed (repeatedly: "_orig_mod.module.x" -> "x"). Otherwise the keys
+// are kept as they are and the name checks below report what is missing.
+std::map<std::string, at::Tensor> without_wrapper_prefix(std::map<std::string, at::Tensor> all,
+                                                         const std::shared_ptr<torch::nn::Module>& root) {
+  std::set<std::string> model;
+  for (const auto& sp : sharded_parameters(root)) model.insert(sp.name);
+  for (const std::string prefix : {"module.", "_orig_mod."}) {
+    bool none_match = true, all_prefixed = !all.empty();
+    for (const auto& [k, t] : all) {
+      none_match = none_match && model.count(k) == 0;
+      all_prefixed = all_prefixed && k.rfind(prefix, 0) == 0;
+    }
+    if (!none_match || !all_prefixed) continue;
+    std::map<std::string, at::Tensor> stripped;
+    for (auto& [k, t] : all) stripped.emplace(k.substr(prefix.size()), t);
+    return without_wrapper_prefix(std::move(stripped), root);
+  }
+  return all;
 }
 
 }  // namespace
@@ -73,23 +97,12 @@ void import_full(const std::string& path, const std::shared_ptr<torch::nn::Modul
   Agreement agree(*group, "import_full '" + path + "'");
   std::map<std::string, at::Tensor> params, buffers;
   agree.run("reading and validating", [&] {
-    std::string bytes = io::read_file(path);
-    c10::IValue v;
-    try {
-      v = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-    } catch (const std::exception& e) {
-      throw Error(ErrorKind::kCorruptData, who,
-                  str_cat("not a readable torch.save / pickle_save file: ", e.what()));
-    }
-    FSDP_CHECK(v.isGenericDict(), ErrorKind::kCorruptData, who,
-               expected_actual("file contents", "a dict of name -> tensor", v.tagKind()));
     std::map<std::string, at::Tensor> all;
-    for (const auto& kv : v.toGenericDict()) {
-      FSDP_CHECK(kv.key().isString() && kv.value().isTensor(), ErrorKind::kCorruptData, who,
-                 expected_actual("dict entry", "str -> Tensor",
-                                 str_cat(kv.key().tagKind(), " -> ", kv.value().tagKind())));
-      all[kv.key().toStringRef()] = kv.value().toTensor();
+    for (auto& [name, t] : read_torch_tensor_dict(path, who)) {
+      FSDP_CHECK(all.emplace(name, t).second, ErrorKind::kCorruptData, who, "key '", name,
+                 "' appears twice in the file");
     }
+    all = without_wrapper_prefix(std::move(all), root);
     for (const auto& sp : sharded_parameters(root)) {
       auto it = all.find(sp.name);
       FSDP_CHECK(it != all.end(), ErrorKind::kInvalidArgument, who, "parameter '", sp.name,

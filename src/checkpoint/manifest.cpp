@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/common/check.h"
 #include "io.h"
+#include "manifest_check.h"
 
 namespace fsdp::checkpoint {
 
@@ -34,8 +36,50 @@ json double_json(double v) {
   std::memcpy(&bits, &v, 8);
   return json{{"value", std::isfinite(v) ? json(v) : json(nullptr)}, {"bits", io::hex64(bits)}};
 }
+// A field of the wrong type or out of its integer range: the manifest is malformed.
+struct FieldError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// j[key] as an integer in [lo, hi]: JSON floats, strings or out-of-range values are refused
+// (nlohmann's get<> would convert 1.5 to 1 and -1 to 4294967295).
+template <typename Key>
+int64_t int_at(const json& j, const Key& key, int64_t lo = std::numeric_limits<int64_t>::min(),
+               int64_t hi = std::numeric_limits<int64_t>::max()) {
+  const json& v = j.at(key);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) {
+    throw FieldError(str_cat("field '", key, "' is ", v.dump(), ", above ", hi));
+  }
+  if (!v.is_number_integer()) throw FieldError(str_cat("field '", key, "' is not an integer: ", v.dump()));
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) {
+    throw FieldError(str_cat("field '", key, "' is ", x, ", outside [", lo, ", ", hi, "]"));
+  }
+  return x;
+}
+std::vector<int64_t> shape_at(const json& j) {
+  const json& v = j.at("shape");
+  if (!v.is_array()) throw FieldError("field 'shape' is not an array: " + v.dump());
+  std::vector<int64_t> shape;
+  for (size_t i = 0; i < v.size(); ++i) shape.push_back(int_at(v, i));
+  return shape;
+}
+int int32_at(const json& j, const char* key) {
+  return static_cast<int>(int_at(j, key, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+}
+uint32_t crc_of(const json& v, const char* what) {
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 0xffffffffLL) {
+    throw FieldError(str_cat(what, " is not a CRC-32 (an integer in [0, 2^32)): ", v.dump()));
+  }
+  return static_cast<uint32_t>(v.get<int64_t>());
+}
+
 double double_from(const json& j) {
-  uint64_t bits = std::stoull(j.at("bits").get<std::string>(), nullptr, 16);
+  const std::string hex = j.at("bits").get<std::string>();
+  const bool ok = hex.size() == 18 && hex.compare(0, 2, "0x") == 0 &&
+                  hex.find_first_not_of("0123456789abcdefABCDEF", 2) == std::string::npos;
+  if (!ok) throw FieldError("a double's 'bits' is not \"0x\" and 16 hex digits: '" + hex + "'");
+  uint64_t bits = std::stoull(hex.substr(2), nullptr, 16);
   double v;
   std::memcpy(&v, &bits, 8);
   return v;
@@ -47,12 +91,13 @@ json shard_json(const ShardEntry& s) {
 }
 ShardEntry shard_from(const json& j) {
   ShardEntry s;
-  s.rank = j.at("rank").get<int>();
-  s.offset = j.at("offset").get<int64_t>();
-  s.row_begin = j.at("row_begin").get<int64_t>();
-  s.rows = j.at("rows").get<int64_t>();
-  s.chunk_rows = j.at("chunk_rows").get<int64_t>();
-  s.chunk_crc32 = j.at("chunk_crc32").get<std::vector<uint32_t>>();
+  s.rank = int32_at(j, "rank");
+  s.offset = int_at(j, "offset");
+  s.row_begin = int_at(j, "row_begin");
+  s.rows = int_at(j, "rows");
+  s.chunk_rows = int_at(j, "chunk_rows");
+  if (!j.at("chunk_crc32").is_array()) throw FieldError("field 'chunk_crc32' is not an array");
+  for (const auto& c : j.at("chunk_crc32")) s.chunk_crc32.push_back(crc_of(c, "a chunk_crc32 entry"));
   return s;
 }
 json file_json(const FileEntry& f) {
@@ -60,10 +105,10 @@ json file_json(const FileEntry& f) {
 }
 FileEntry file_from(const json& j) {
   FileEntry f;
-  f.rank = j.at("rank").get<int>();
+  f.rank = int32_at(j, "rank");
   f.path = j.at("path").get<std::string>();
-  f.bytes = j.at("bytes").get<int64_t>();
-  f.crc32 = j.at("crc32").get<uint32_t>();
+  f.bytes = int_at(j, "bytes");
+  f.crc32 = crc_of(j.at("crc32"), "a file's crc32");
   return f;
 }
 
@@ -139,15 +184,15 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
     FSDP_CHECK(j.value("format", std::string()) == kFormat, ErrorKind::kCorruptData, kNoContext, "'", path,
                "' is not an fsdp-cpp sharded checkpoint manifest (format '",
                j.value("format", std::string()), "', expected '", kFormat, "')");
-    FSDP_CHECK(j.at("version").get<int>() == kFormatVersion, ErrorKind::kUnsupported, kNoContext,
-               "manifest '", path, "' has version ", j.at("version").get<int>(),
+    FSDP_CHECK(int_at(j, "version") == kFormatVersion, ErrorKind::kUnsupported, kNoContext,
+               "manifest '", path, "' has version ", int_at(j, "version"),
                ", this build reads version ", kFormatVersion);
     m.name = j.at("name").get<std::string>();
-    m.seq = j.at("seq").get<int64_t>();
-    m.world_size = j.at("world_size").get<int>();
+    m.seq = int_at(j, "seq");
+    m.world_size = int32_at(j, "world_size");
     m.fingerprint = j.at("fingerprint").get<std::string>();
     for (const auto& p : j.at("params")) {
-      m.params.push_back({p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>(),
+      m.params.push_back({p.at("name").get<std::string>(), shape_at(p),
                           p.at("dtype").get<std::string>()});
     }
     for (const auto& f : j.at("files")) m.files.push_back(file_from(f));
@@ -155,8 +200,8 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
       TensorEntry t;
       t.kind = e.at("kind").get<std::string>();
       t.dtype = e.at("dtype").get<std::string>();
-      t.shape = e.at("shape").get<std::vector<int64_t>>();
-      t.row_numel = e.at("row_numel").get<int64_t>();
+      t.shape = shape_at(e);
+      t.row_numel = int_at(e, "row_numel");
       for (const auto& s : e.at("shards")) t.shards.push_back(shard_from(s));
       m.tensors.emplace(name, std::move(t));
     }
@@ -164,17 +209,21 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
     m.optimizer = opt.at("type").get<std::string>();
     for (const auto& lr : opt.at("group_lrs")) m.group_lrs.push_back(double_from(lr));
     for (const auto& [fqn, s] : opt.at("state").items()) {
-      m.optim_step[fqn] = s.at("step").get<int64_t>();
+      m.optim_step[fqn] = int_at(s, "step");
       m.optim_state[fqn] = s.at("tensors").get<std::vector<std::string>>();
     }
     const json& ts = j.at("train_state");
-    m.ints = ts.at("ints").get<std::map<std::string, int64_t>>();
+    for (const auto& [k, v] : ts.at("ints").items()) m.ints[k] = int_at(ts.at("ints"), k.c_str());
     for (const auto& [k, v] : ts.at("doubles").items()) m.doubles[k] = double_from(v);
     m.extra_tensors = ts.at("tensors").get<std::vector<std::string>>();
   } catch (const json::exception& e) {
     throw Error(ErrorKind::kCorruptData, kNoContext,
                 str_cat("manifest '", path, "' is malformed: ", e.what()));
+  } catch (const FieldError& e) {
+    throw Error(ErrorKind::kCorruptData, kNoContext,
+                str_cat("manifest '", path, "' is malformed: ", e.what()));
   }
+  validate_manifest(m, path);
   return m;
 }
 
@@ -213,6 +262,9 @@ RankReport report_from_json(const std::string& text) {
     throw Error(ErrorKind::kMismatch, kNoContext,
                 str_cat("a rank's report of its shard file is malformed (ranks running different "
                         "builds?): ", e.what()));
+  } catch (const FieldError& e) {
+    throw Error(ErrorKind::kMismatch, kNoContext,
+                str_cat("a rank's report of its shard file is malformed: ", e.what()));
   }
   return r;
 }
@@ -257,7 +309,12 @@ std::string describe_param_diff(const std::vector<ParamInfo>& saved,
   return out;
 }
 
-std::vector<std::string> list_checkpoints(const std::string& dir) {
+namespace {
+
+// The complete checkpoints of `dir`, oldest first (by seq); subdirectories that hold a
+// manifest.json that does not validate go to *bad with the reason, when bad is given.
+std::vector<std::string> scan_checkpoints(const std::string& dir,
+                                          std::vector<std::pair<std::string, std::string>>* bad) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -268,14 +325,21 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
     try {
       Manifest m = manifest_from_json(io::read_file(mpath.string()), mpath.string());
       found.emplace_back(m.seq, e.path().string());
-    } catch (const Error&) {
-      // not a complete checkpoint: never listed
+    } catch (const Error& err) {
+      if (bad) bad->emplace_back(e.path().string(), err.message());
     }
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> out;
   for (auto& f : found) out.push_back(f.second);
+  if (bad) std::sort(bad->begin(), bad->end());
   return out;
+}
+
+}  // namespace
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  return scan_checkpoints(dir, nullptr);
 }
 
 std::string resolve_checkpoint(const std::string& path) {
@@ -296,24 +360,42 @@ std::string resolve_checkpoint(const std::string& path) {
     FSDP_CHECK(!has_rank_files && base.rfind(kTmpPrefix, 0) != 0, ErrorKind::kCorruptData,
                kNoContext, "'", path, "' is an incomplete checkpoint: it has no ", kManifestFile,
                " (the save that wrote it was interrupted before publishing)");
-    std::string latest_note = "no 'latest' file";
+    // [Note: no silent fallback] A published checkpoint always has a valid manifest (it is
+    // written and fsynced before the rename), so a bad one is damage, not an interrupted save:
+    // resolving refuses instead of quietly loading an older checkpoint, and names both.
+    std::vector<std::pair<std::string, std::string>> bad;  // (directory, why)
+    const std::vector<std::string> good = scan_checkpoints(path, &bad);
+    const std::string older =
+        good.empty() ? std::string(" (no other complete checkpoint in '" + path + "')")
+                     : str_cat("; to resume from an older checkpoint, name it explicitly, e.g. '",
+                               good.back(), "'");
     if (path_exists(p / kLatestFile)) {
       std::string name = io::read_file((p / kLatestFile).string());
       while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
       const fs::path cand = p / name;
-      if (!name.empty() && name.find('/') == std::string::npos && path_exists(cand / kManifestFile)) {
-        try {
-          read_manifest(cand.string());
-          return cand.string();
-        } catch (const Error&) {
-        }
+      FSDP_CHECK(!name.empty() && name.find('/') == std::string::npos && name[0] != '.',
+                 ErrorKind::kCorruptData, kNoContext, "'", (p / kLatestFile).string(),
+                 "' holds '", name, "', not the name of a checkpoint in '", path, "'", older);
+      FSDP_CHECK(is_dir(cand), ErrorKind::kCorruptData, kNoContext, "'", (p / kLatestFile).string(),
+                 "' names '", name, "', which does not exist", older);
+      try {
+        read_manifest(cand.string());
+      } catch (const Error& e) {
+        throw Error(ErrorKind::kCorruptData, kNoContext,
+                    str_cat("the latest checkpoint '", cand.string(), "' cannot be loaded: ",
+                            e.message(), older));
       }
-      latest_note = "'latest' names '" + name + "', which is not a complete checkpoint";
+      return cand.string();
     }
-    auto all = list_checkpoints(path);
-    FSDP_CHECK(!all.empty(), ErrorKind::kInvalidArgument, kNoContext,
-               "no complete checkpoint in '", path, "' (", latest_note, ")");
-    return all.back();
+    // No `latest` (a crash after the first publication, before `latest` was written): the
+    // highest seq, provided that no checkpoint of the directory is damaged.
+    FSDP_CHECK(bad.empty(), ErrorKind::kCorruptData, kNoContext, "checkpoint '",
+               bad.empty() ? "" : bad.front().first, "' in '", path,
+               "' (which has no 'latest') cannot be loaded: ", bad.empty() ? "" : bad.front().second,
+               older);
+    FSDP_CHECK(!good.empty(), ErrorKind::kInvalidArgument, kNoContext,
+               "no complete checkpoint in '", path, "' (no 'latest' file)");
+    return good.back();
   });
 }
 

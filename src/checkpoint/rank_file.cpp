@@ -86,9 +86,13 @@ const io::FileReader& RankFileReader::file_of(int rank) {
   r->read_at(0, hdr, sizeof(hdr));
   uint32_t fields[4];
   std::memcpy(fields, hdr + 8, sizeof(fields));
-  FSDP_CHECK(std::memcmp(hdr, kMagic, 8) == 0 && fields[1] == static_cast<uint32_t>(rank),
+  FSDP_CHECK(std::memcmp(hdr, kMagic, 8) == 0 && fields[0] == static_cast<uint32_t>(kFormatVersion) &&
+                 fields[1] == static_cast<uint32_t>(rank) &&
+                 fields[2] == static_cast<uint32_t>(m_.world_size) && fields[3] == 0,
              ErrorKind::kCorruptData, where_, "file '", path, "' has a bad header (not rank ", rank,
-             "'s shard file of this checkpoint)");
+             " of ", m_.world_size, "'s version-", kFormatVersion,
+             " shard file of this checkpoint: version ", fields[0], ", rank ", fields[1], " of ",
+             fields[2], ")");
   return *open_.emplace(rank, std::move(r)).first->second;
 }
 

@@ -1,0 +1,119 @@
+// Checks before step 1 (preflight.h).
+#include "train/preflight.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "train/errors.h"
+
+namespace apps::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string mib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+// Writes and removes `dir`/.fsdp-probe-<rank> (4 KiB, flushed); "" or why it failed.
+std::string probe_write(const fs::path& dir, int rank) {
+  const fs::path probe = dir / (".fsdp-probe-" + std::to_string(rank));
+  std::string why;
+  {
+    std::ofstream f(probe, std::ios::binary | std::ios::trunc);
+    const std::vector<char> block(4096, 0);
+    errno = 0;
+    if (f) f.write(block.data(), static_cast<std::streamsize>(block.size()));
+    if (f) f.flush();
+    if (!f) why = std::string("cannot write a file there: ") + (errno ? std::strerror(errno) : "write failed");
+  }
+  std::error_code ec;
+  fs::remove(probe, ec);
+  return why;
+}
+
+// The directory `path` is in must exist and take a file of `need_bytes` (0: no space check).
+std::string check_file_target(const std::string& flag, const std::string& path, int rank,
+                              int64_t need_bytes) {
+  std::error_code ec;
+  const fs::path p(path);
+  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  const std::string head = flag + " '" + path + "': ";
+  if (fs::is_directory(p, ec)) return head + "is a directory, expected a file path";
+  if (!fs::is_directory(dir, ec)) return head + "its directory '" + dir.string() + "' does not exist";
+  std::string why = probe_write(dir, rank);
+  if (!why.empty()) return head + why;
+  const fs::space_info space = fs::space(dir, ec);
+  if (!ec && need_bytes > 0 && space.available < static_cast<uintmax_t>(need_bytes)) {
+    return head + "needs about " + mib(need_bytes) + ", '" + dir.string() + "' has " +
+           mib(static_cast<int64_t>(space.available)) + " free";
+  }
+  return "";
+}
+
+std::string check_save_dir(const TrainConfig& c, int rank, int64_t need_bytes) {
+  std::error_code ec;
+  const std::string head = "--save '" + c.save + "': ";
+  if (!fs::is_directory(c.save, ec)) return head + "not a directory (cannot be created)";
+  std::string why = probe_write(c.save, rank);
+  if (!why.empty()) return head + why;
+  const fs::space_info space = fs::space(c.save, ec);
+  if (!ec && space.available < static_cast<uintmax_t>(need_bytes)) {
+    return head + "a checkpoint needs about " + mib(need_bytes) + ", the file system has " +
+           mib(static_cast<int64_t>(space.available)) + " free";
+  }
+  return "";
+}
+
+// This rank's first problem, or "".
+std::string local_problem(const TrainConfig& c, const PreflightFacts& f, int rank) {
+  if (c.sample_tokens > 0 && f.prompt_tokens == 0) {
+    return "--sample-prompt '" + c.sample_prompt + "' encodes to no token: give a non-empty "
+           "prompt, or --sample-tokens 0";
+  }
+  if (c.sample_top_k > f.vocab_size) {
+    return "--sample-top-k " + std::to_string(c.sample_top_k) + " exceeds the vocabulary of " +
+           std::to_string(f.vocab_size) + " tokens (0 samples among all)";
+  }
+  std::string why;
+  if (!c.save.empty()) why = check_save_dir(c, rank, f.checkpoint_bytes);
+  if (why.empty() && !c.profile.empty()) {
+    why = check_file_target("--profile", rank == 0 ? c.profile : c.profile + ".rank" + std::to_string(rank), rank, 0);
+  }
+  if (rank != 0) return why;
+  if (why.empty() && !c.export_path.empty()) why = check_file_target("--export", c.export_path, rank, f.export_bytes);
+  if (why.empty() && !c.metrics.empty()) why = check_file_target("--metrics", c.metrics, rank, 0);
+  if (why.empty() && !c.trace.empty()) why = check_file_target("--trace", c.trace, rank, 0);
+  return why;
+}
+
+}  // namespace
+
+int64_t checkpoint_bytes_of(int64_t num_params) { return 3 * 4 * num_params + (int64_t(1) << 20); }
+
+int64_t export_bytes_of(int64_t num_params) { return 4 * num_params + (int64_t(1) << 20); }
+
+void preflight(const TrainConfig& c, const PreflightFacts& facts, fsdp::comm::ProcessGroup& group) {
+  const int rank = group.rank();
+  if (!c.save.empty() && rank == 0) {
+    std::error_code ec;
+    fs::create_directories(c.save, ec);  // a failure shows as "not a directory" below
+  }
+  group.barrier()->wait();  // the --save directory exists before any rank probes it
+  const std::string mine = local_problem(c, facts, rank);
+  const std::vector<std::string> all = fsdp::comm::all_gather_strings(group, mine);
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty()) continue;
+    throw UsageError(all.size() > 1 ? all[r] + " (rank " + std::to_string(r) + ")" : all[r]);
+  }
+}
+
+}  // namespace apps::train

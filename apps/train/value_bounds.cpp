@@ -1,0 +1,63 @@
+// Numeric flag bounds (value_bounds.h).
+#include "train/value_bounds.h"
+
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+namespace apps::train {
+namespace {
+
+std::string g(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
+// Parses a whole real number; false for text, trailing characters, nan and inf.
+bool parse_real(const std::string& s, double* v) {
+  try {
+    size_t used = 0;
+    *v = std::stod(s, &used);
+    return used == s.size() && std::isfinite(*v);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+CLI::Validator real_check(double lo, double hi, bool lo_open, bool hi_open) {
+  const std::string range = std::string(lo_open ? "(" : "[") + g(lo) + ", " + g(hi) + (hi_open ? ")" : "]");
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        double v = 0;
+        if (!parse_real(s, &v)) return "'" + s + "' is not a finite number (expected one in " + range + ")";
+        const bool ok = (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+        return ok ? std::string() : s + " is outside " + range;
+      },
+      "in " + range);
+}
+
+}  // namespace
+
+CLI::Validator int_in(int64_t lo, int64_t hi) {
+  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        try {
+          size_t used = 0;
+          const long long v = std::stoll(s, &used);
+          if (used != s.size()) throw std::invalid_argument(s);
+          return v >= lo && v <= hi ? std::string() : s + " is outside " + range;
+        } catch (const std::exception&) {
+          return "'" + s + "' is not an integer in " + range;
+        }
+      },
+      "in " + range);
+}
+
+CLI::Validator real_in(double lo, double hi, bool lo_open) { return real_check(lo, hi, lo_open, false); }
+
+CLI::Validator real_below(double lo, double hi) { return real_check(lo, hi, false, true); }
+
+}  // namespace apps::train

@@ -1,0 +1,23 @@
+// Bounds of fsdp-train's numeric flags, as CLI11 validators with readable messages: CLI11's own
+// Range / PositiveNumber print their limits with std::to_string (a 309-digit number for the largest
+// double), so every numeric flag uses one of these instead.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+
+namespace apps::train {
+
+/// An integer in [lo, hi]. Rejects other text ("not an integer") and values outside with
+/// "VALUE is outside [lo, hi]".
+CLI::Validator int_in(int64_t lo, int64_t hi);
+
+/// A finite real number in [lo, hi], or (lo, hi] with lo_open. Rejects nan, inf and text
+/// with a message giving the bounds in %g form.
+CLI::Validator real_in(double lo, double hi, bool lo_open = false);
+
+/// A real number in [lo, hi) (upper bound excluded, e.g. an Adam beta below 1).
+CLI::Validator real_below(double lo, double hi);
+
+}  // namespace apps::train
