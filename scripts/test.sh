@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up (installs what is missing), builds, and runs the whole test suite through ctest:
-# tiers unit, dist (threaded in-process ranks), mpi (mpirun -n 1..4), and the app tests.
+# tiers unit, dist (threaded in-process ranks), mpi (mpirun -n 1..4), and the app tests; then the
+# sanitizer and fuzz tiers (scripts/sanitize.sh: ASan + UBSan, TSan, libFuzzer; docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -10,5 +11,5 @@ bash scripts/prepare_data.sh ./data
 # One rank per process, one intra-op thread per rank: the tests oversubscribe 2 cores with 4 ranks.
 export OMP_NUM_THREADS=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
-cd build
-ctest --output-on-failure --timeout 900 "$@"
+(cd build && ctest --output-on-failure --timeout 900 "$@")
+bash scripts/sanitize.sh

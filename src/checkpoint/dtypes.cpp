@@ -37,7 +37,13 @@ c10::ScalarType dtype_from(const std::string& name, const ErrorContext& where) {
 std::vector<int64_t> row_shape(const std::vector<int64_t>& shape) {
   const int64_t d0 = shape.empty() ? 1 : shape[0];
   int64_t row_numel = 1;
-  for (size_t i = 1; i < shape.size(); ++i) row_numel *= shape[i];
+  FSDP_CHECK(d0 >= 0, ErrorKind::kCorruptData, ErrorContext{}, "shape with dim 0 = ", d0);
+  for (size_t i = 1; i < shape.size(); ++i) {
+    // A manifest's shape is read from disk: no negative dims, no int64 overflow (fuzz_manifest).
+    FSDP_CHECK(shape[i] >= 0 && !__builtin_mul_overflow(row_numel, shape[i], &row_numel),
+               ErrorKind::kCorruptData, ErrorContext{}, "shape dim ", i, " = ", shape[i],
+               ": negative, or the row has more than 2^63 elements");
+  }
   return {d0, row_numel};
 }
 

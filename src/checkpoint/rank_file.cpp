@@ -99,22 +99,46 @@ const io::FileReader& RankFileReader::file_of(int rank) {
 at::Tensor RankFileReader::read_rows(const std::string& name, const TensorEntry& e, int64_t lo,
                                      int64_t n) {
   const c10::ScalarType dt = dtype_from(e.dtype, where_);
-  at::Tensor out = at::empty({n, e.row_numel}, at::TensorOptions().dtype(dt));
-  const int64_t row_bytes = e.row_numel * static_cast<int64_t>(c10::elementSize(dt));
+  const auto dims = row_shape(e.shape);
+  int64_t row_bytes = 0;
+  FSDP_CHECK(e.row_numel == dims[1] &&
+                 !__builtin_mul_overflow(e.row_numel, int64_t(c10::elementSize(dt)), &row_bytes),
+             ErrorKind::kCorruptData, where_, "tensor '", name, "': ",
+             expected_actual("row_numel", dims[1], e.row_numel));
   // coverage: the pieces sorted by row_begin must tile [0, dim0)
   std::vector<const ShardEntry*> shards;
   for (const auto& s : e.shards) shards.push_back(&s);
   std::sort(shards.begin(), shards.end(),
             [](auto* a, auto* b) { return a->row_begin < b->row_begin; });
-  const int64_t dim0 = row_shape(e.shape)[0];
+  const int64_t dim0 = dims[0];
   int64_t next = 0;
   for (auto* s : shards) {
     FSDP_CHECK(s->row_begin == next, ErrorKind::kCorruptData, where_, "tensor '", name,
                "': shards leave rows [", next, ", ", s->row_begin, ") uncovered or overlapping");
+    // Found by tests/fuzz/fuzz_manifest: chunk_rows 0 divided by zero below.
+    FSDP_CHECK(s->rows >= 0 && s->rows <= dim0 - next && s->chunk_rows >= 1, ErrorKind::kCorruptData,
+               where_, "tensor '", name, "': a shard of ", s->rows, " rows in chunks of ",
+               s->chunk_rows, " at row ", s->row_begin, " of ", dim0);
     next = s->row_begin + s->rows;
   }
   FSDP_CHECK(next == dim0, ErrorKind::kCorruptData, where_, "tensor '", name, "': shards cover ",
              next, " of ", dim0, " rows");
+  FSDP_CHECK(lo >= 0 && n >= 0 && n <= dim0 - lo, ErrorKind::kInvalidArgument, where_, "tensor '",
+             name, "': rows [", lo, ", ", lo, " + ", n, ") of ", dim0);
+  // Every piece read must lie inside its file (whose size file_of checks) before anything is
+  // allocated: the output is then bounded by the files' sizes, not by the manifest's shape
+  // (fuzz_manifest: a dim 0 of 2^40 allocated 8 TiB).
+  for (auto* s : shards) {
+    if (std::max(lo, s->row_begin) >= std::min(lo + n, s->row_begin + s->rows)) continue;
+    const int64_t file_bytes = file_of(s->rank).size();
+    int64_t piece_bytes = 0;
+    FSDP_CHECK(s->offset >= kHeaderBytes && !__builtin_mul_overflow(s->rows, row_bytes, &piece_bytes) &&
+                   piece_bytes <= file_bytes - s->offset,
+               ErrorKind::kCorruptData, where_, "tensor '", name, "': the piece of rank ", s->rank,
+               " (", s->rows, " rows of ", row_bytes, " bytes at byte ", s->offset,
+               ") is not inside its file of ", file_bytes, " bytes");
+  }
+  at::Tensor out = at::empty({n, e.row_numel}, at::TensorOptions().dtype(dt));
   char* dst = static_cast<char*>(out.data_ptr());
   std::vector<char> buf;
   for (auto* s : shards) {
