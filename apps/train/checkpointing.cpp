@@ -10,6 +10,7 @@
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/export.h"
+#include "fsdp/checkpoint/import_optimizer.h"
 #include "fsdp/common/check.h"
 #include "train/errors.h"
 #include "train/reporting.h"

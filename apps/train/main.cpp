@@ -3,7 +3,7 @@
 //   mpirun -n N build/bin/fsdp-train [flags]        (--help lists them; --config FILE.toml)
 //
 // Contents (apps/train/)
-//   main.cpp          this file: the world group, the flags, the trainer, exceptions -> exit codes.
+//   main.cpp          this file: the flags, the world group, the trainer, exceptions -> exit codes.
 //   train_config.*    every flag and the TOML config file (TrainConfig, parse_train_config).
 //   trainer.*         the run: set-up in collective order, the measured step (micro-batches
 //                     with gradient accumulation, loss scaling, clipping, AdamW, lr schedule),
@@ -15,60 +15,37 @@
 //   checkpointing.*   --resume, --save (and its directory check), --export, --import.
 //   reporting.*       lr schedule, console, JSON-lines events, Chrome trace.
 //   op_profile.*      --profile: libtorch's operator profiler over the last steps.
+//   failures.*        the exit path of every failure (exit codes, the timeout diagnosis).
 //   errors.h          UsageError and CheckpointError.
 //
 // Measurement rules (what the JSON-lines fields measure): [Note: measurement rules] in
 // reporting.h. Checkpoint contents: [Note: checkpoint contents] in checkpointing.h. Both are
-// documented for users in apps/README.md.
-//
-// Exit codes: 0 done (or --help); 2 a bad flag or setting (rank 0 prints it once, every rank
-// exits); 1 a checkpoint operation failed on every rank (rank 0 prints it, every rank exits);
-// any other error is printed by each rank that hits it, with its rank, and aborts the job, since
-// its peers may be blocked in a collective.
-#include <mpi.h>
-
+// documented for users in apps/README.md. Exit codes: failures.h.
 #include <exception>
-#include <iostream>
 #include <optional>
 
 #include "fsdp/accounting/memory.h"
 #include "fsdp/comm/mpi_backend.h"
-#include "train/errors.h"
+#include "train/failures.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
 int main(int argc, char** argv) {
-  int rank = 0, size = 1;
+  std::string flight_recorder_dir;
   try {
-    fsdp::comm::ProcessGroupPtr world = fsdp::comm::mpi_world();
+    fsdp::comm::init_mpi();
+    const int rank = apps::train::world_rank();
+    int exit_code = 0;
+    std::optional<apps::train::TrainConfig> config = apps::train::parse_train_config(argc, argv, rank, &exit_code);
+    if (!config) return exit_code;
+    const fsdp::comm::ProcessGroupOptions options = apps::train::group_options(*config);
+    flight_recorder_dir = options.flight_recorder_dir;
+    fsdp::comm::ProcessGroupPtr world = fsdp::comm::mpi_world(options);
     fsdp::accounting::install_counting_allocator();
     const bool heap_retained = fsdp::accounting::retain_freed_heap_memory();
-    int exit_code = 0;
-    std::optional<apps::train::TrainConfig> config =
-        apps::train::parse_train_config(argc, argv, world->rank(), &exit_code);
-    if (!config) return exit_code;
     apps::train::train(*config, world, heap_retained);
     return 0;
-  } catch (const apps::train::UsageError& e) {
-    // Every rank reaches the same verdict: rank 0 reports it, all exit cleanly.
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;
-    return 2;
-  } catch (const apps::train::CheckpointError& e) {
-    // Checkpoint calls fail collectively (same error on every rank): rank 0 reports, all exit.
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;
-    return 1;
-  } catch (const std::exception& e) {
-    int init = 0;
-    MPI_Initialized(&init);
-    if (init) {
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      MPI_Comm_size(MPI_COMM_WORLD, &size);
-    }
-    std::cerr << "fsdp-train [rank " << rank << "]: error: " << e.what() << std::endl;
-    // Peers may be blocked in a collective: abort the whole job instead of hanging.
-    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
-    return 1;
+  } catch (...) {
+    return apps::train::exit_on_failure(std::current_exception(), flight_recorder_dir);
   }
 }

@@ -185,6 +185,15 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--trace", c.trace,
                  "Write a Chrome trace (chrome://tracing, Perfetto) of all ranks to this path")
       ->group("Output");
+  app.add_option("--collective-timeout", c.collective_timeout_s,
+                 "Seconds a collective may take before the job stops with a diagnosis of who is where "
+                 "(default: FSDP_COLLECTIVE_TIMEOUT_S, else 600)")
+      ->check(CLI::Range(0.001, 1e7))->group("Output");
+  app.add_option("--flight-recorder-dir", c.flight_recorder_dir,
+                 "Where each rank writes its last collectives on a timeout or a collective error "
+                 "(default: FSDP_FLIGHT_RECORDER_DIR, else flight-recorder/ beside --metrics, else "
+                 "./flight-recorder); read them with fsdp-diagnose DIR")
+      ->group("Output");
   app.add_option("--profile", c.profile,
                  "Record libtorch's operator profile of the last --profile-steps steps: a Chrome "
                  "trace per rank at this path (PATH.rank<R> for R > 0) and a table of operators by "

@@ -55,6 +55,12 @@ struct TrainConfig {
   std::string metrics;  ///< JSON-lines path (rank 0)
   std::string trace;    ///< Chrome trace path
   std::string profile;        ///< libtorch operator profile (Chrome trace) path; "" = off
+  /// Seconds a collective may take before the job is stopped with a diagnosis (unset:
+  /// FSDP_COLLECTIVE_TIMEOUT_S, else 600).
+  std::optional<double> collective_timeout_s;
+  /// Where each rank writes its flight recorder on a timeout or a collective error ("" :
+  /// FSDP_FLIGHT_RECORDER_DIR, else flight-recorder/ beside --metrics, else ./flight-recorder).
+  std::string flight_recorder_dir;
   int64_t profile_steps = 2;  ///< the last K steps are profiled
   std::string config_file;
   // Checkpoints

@@ -22,7 +22,7 @@ Error Agreement::placed(const Error& e, const char* phase) const {
 
 void Agreement::settle(const char* phase, const std::optional<Error>& mine) {
   at::Tensor who = at::tensor({mine ? int64_t(g_.rank()) : int64_t(-1)}, at::kLong);
-  g_.all_reduce(who, comm::ReduceOp::kMax)->wait();
+  g_.all_reduce(who, comm::ReduceOp::kMax, comm::OpTag{"", op_})->wait();
   const int64_t failed = who.item<int64_t>();
   if (failed < 0) return;
   // "<kind>\n<what>" from each failing rank, "" from the others.

@@ -13,7 +13,7 @@
 
 #include "agreement.h"
 #include "dtypes.h"
-#include "fsdp/checkpoint/export.h"
+#include "fsdp/checkpoint/import_optimizer.h"
 #include "fsdp/common/check.h"
 #include "fsdp/optim/optimizer_state.h"
 #include "fsdp/runtime/fully_shard.h"

@@ -8,6 +8,7 @@
 #include "agreement.h"
 #include "dtypes.h"
 #include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/runtime/fully_shard.h"
 #include "fsdp/common/check.h"
 #include "fsdp/shard/layout.h"
 #include "io.h"
@@ -102,7 +103,7 @@ std::string load_sharded(const std::string& path, const std::shared_ptr<torch::n
     id[0] = h;
     id[1] = -h;
   });
-  g.all_reduce(id, comm::ReduceOp::kMax)->wait();
+  g.all_reduce(id, comm::ReduceOp::kMax, comm::OpTag{"", "checkpoint load"})->wait();
   FSDP_CHECK(id[0].item<int64_t>() == -id[1].item<int64_t>(), ErrorKind::kMismatch,
              ErrorContext{rank, "", op}, "ranks resolved different checkpoints (this rank: '", ckpt,
              "'); is the directory shared by all ranks?");
@@ -124,6 +125,7 @@ std::string load_sharded(const std::string& path, const std::shared_ptr<torch::n
       const auto& v = s.views[i];
       if (v.rows > 0) v.tensor.view(s.params[i].sizes()).copy_(s.params[i]);
     }
+    fsdp::invalidate_unsharded(root);  // no unit may keep computing with the old values
     if (do_opt) apply_optimizer_state(*optimizer, s.views, s.optimizer, ErrorContext{rank, "", op});
     if (extra) {
       extra->ints = m.ints;

@@ -127,7 +127,7 @@ std::string save_sharded(const std::string& dir, const std::shared_ptr<torch::nn
       if (states[i]) flag[i] = states[i]->step + 1;
     }
   });
-  g.all_reduce(flags, comm::ReduceOp::kMax)->wait();
+  g.all_reduce(flags, comm::ReduceOp::kMax, comm::OpTag{"", "checkpoint save"})->wait();
   const std::vector<int64_t> step_flags(flags.data_ptr<int64_t>(),
                                         flags.data_ptr<int64_t>() + views.size());
 

@@ -62,24 +62,40 @@ MPI_Op mpi_op(ReduceOp op) {
 int count_of(const at::Tensor& t) { return static_cast<int>(t.numel()); }  // checked by ProcessGroup
 
 // [Note: polling] Collectives are started non-blocking and completed by MPI_Test polling: a short
-// burst of back-to-back tests (latency of small ops), then a test every kPollSleep. A blocking MPI
-// call would busy-wait for the slowest rank on a core that the rank's compute thread needs (Open
-// MPI's shared-memory transport spins); measured here on a 2 x 1 MiB all-gather with one rank 10 ms
-// late, this cuts the waiting rank's CPU time per op from 4.7 ms to 1.5 ms at equal wall time, and
-// leaves large transfers (28 MB: 39 ms either way) unchanged.
+// burst of back-to-back tests (latency of small ops), then a test every kPollSleep, and once an op
+// has waited kLongWait (a peer far behind, or stalled) a test every kIdleSleep, so a rank waiting
+// for a stalled peer uses almost no CPU. A blocking MPI call would busy-wait for the slowest rank on
+// a core that the rank's compute thread needs (Open MPI's shared-memory transport spins); measured
+// here on a 2 x 1 MiB all-gather with one rank 10 ms late, polling cuts the waiting rank's CPU time
+// per op from 4.7 ms to 1.5 ms at equal wall time, and leaves large transfers (28 MB: 39 ms either
+// way) unchanged. The loop also enforces the op's deadline (Backend::deadline_s): MPI cannot cancel
+// a collective, so a timeout leaves the request behind and the group unusable (ProcessGroup).
 constexpr int kPollSpins = 50;
 constexpr auto kPollSleep = std::chrono::microseconds(20);
+constexpr double kLongWait_s = 0.05;
+constexpr auto kIdleSleep = std::chrono::milliseconds(1);
 
 // Starts a non-blocking collective with start(&request) and completes it by polling.
 template <typename Start>
-void run_nonblocking(const char* call, int rank, Start&& start) {
+void run_nonblocking(const char* call, int rank, double deadline_s, Start&& start) {
   MPI_Request req;
   check_mpi(start(&req), call, rank);
   int done = 0;
+  const double t0 = now_s();
   for (int spins = 0;; ++spins) {
     check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), call, rank);
     if (done) return;
-    if (spins >= kPollSpins) std::this_thread::sleep_for(kPollSleep);
+    if (spins < kPollSpins) continue;
+    const double t = now_s();
+    if (t > deadline_s) {
+      throw Error(ErrorKind::kTimeout, ErrorContext{rank, "", call},
+                  str_cat("not complete after ", t - t0, " s (deadline reached)"));
+    }
+    if (t - t0 > kLongWait_s) {
+      std::this_thread::sleep_for(kIdleSleep);
+    } else {
+      std::this_thread::sleep_for(kPollSleep);
+    }
   }
 }
 
@@ -112,11 +128,11 @@ void init_mpi() {
   });
 }
 
-ProcessGroupPtr mpi_world() {
+ProcessGroupPtr mpi_world(const ProcessGroupOptions& options) {
   init_mpi();
   MPI_Comm dup;
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup");
-  return std::make_shared<ProcessGroup>(std::make_unique<MpiBackend>(dup));
+  return std::make_shared<ProcessGroup>(std::make_unique<MpiBackend>(dup), options, "world");
 }
 
 MpiBackend::MpiBackend(MPI_Comm comm) : comm_(comm) {
@@ -135,7 +151,7 @@ int64_t MpiBackend::max_elements() const { return INT_MAX; }
 
 void MpiBackend::all_gather(const at::Tensor& output, const at::Tensor& input) {
   const int n = count_of(input);
-  run_nonblocking("MPI_Iallgather", rank_, [&](MPI_Request* req) {
+  run_nonblocking("MPI_Iallgather", rank_, deadline_s(), [&](MPI_Request* req) {
     return MPI_Iallgather(input.data_ptr(), n, mpi_type(input), output.data_ptr(), n,
                           mpi_type(output), comm_, req);
   });
@@ -143,7 +159,7 @@ void MpiBackend::all_gather(const at::Tensor& output, const at::Tensor& input) {
 
 void MpiBackend::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   const int n = count_of(output);
-  run_nonblocking("MPI_Ireduce_scatter_block", rank_, [&](MPI_Request* req) {
+  run_nonblocking("MPI_Ireduce_scatter_block", rank_, deadline_s(), [&](MPI_Request* req) {
     return MPI_Ireduce_scatter_block(input.data_ptr(), output.data_ptr(), n, mpi_type(input),
                                      mpi_op(op), comm_, req);
   });
@@ -151,7 +167,7 @@ void MpiBackend::reduce_scatter(const at::Tensor& output, const at::Tensor& inpu
 
 void MpiBackend::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   const int n = count_of(tensor);
-  run_nonblocking("MPI_Iallreduce", rank_, [&](MPI_Request* req) {
+  run_nonblocking("MPI_Iallreduce", rank_, deadline_s(), [&](MPI_Request* req) {
     return MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), n, mpi_type(tensor), mpi_op(op), comm_,
                           req);
   });
@@ -159,7 +175,7 @@ void MpiBackend::all_reduce(const at::Tensor& tensor, ReduceOp op) {
 
 void MpiBackend::all_to_all(const at::Tensor& output, const at::Tensor& input) {
   const int n = static_cast<int>(input.numel() / size_);
-  run_nonblocking("MPI_Ialltoall", rank_, [&](MPI_Request* req) {
+  run_nonblocking("MPI_Ialltoall", rank_, deadline_s(), [&](MPI_Request* req) {
     return MPI_Ialltoall(input.data_ptr(), n, mpi_type(input), output.data_ptr(), n,
                          mpi_type(output), comm_, req);
   });
@@ -167,13 +183,18 @@ void MpiBackend::all_to_all(const at::Tensor& output, const at::Tensor& input) {
 
 void MpiBackend::broadcast(const at::Tensor& tensor, int root) {
   const int n = count_of(tensor);
-  run_nonblocking("MPI_Ibcast", rank_, [&](MPI_Request* req) {
+  run_nonblocking("MPI_Ibcast", rank_, deadline_s(), [&](MPI_Request* req) {
     return MPI_Ibcast(tensor.data_ptr(), n, mpi_type(tensor), root, comm_, req);
   });
 }
 
 void MpiBackend::barrier() {
-  run_nonblocking("MPI_Ibarrier", rank_, [&](MPI_Request* req) { return MPI_Ibarrier(comm_, req); });
+  run_nonblocking("MPI_Ibarrier", rank_, deadline_s(), [&](MPI_Request* req) { return MPI_Ibarrier(comm_, req); });
+}
+
+void MpiBackend::abort_job(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::abort();  // MPI_Abort does not return; this keeps the promise if it ever did
 }
 
 std::unique_ptr<Backend> MpiBackend::split(int color, int key) {

@@ -3,6 +3,10 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "fsdp/common/check.h"
@@ -19,16 +23,68 @@ const char* to_string(ReduceOp op) {
   return "?";
 }
 
-ProcessGroup::ProcessGroup(std::unique_ptr<Backend> backend, std::shared_ptr<CommStats> stats)
+namespace {
+// PyTorch's names: float32, bfloat16, int64, ...
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kByte: return "uint8";
+    default: return c10::toString(t);
+  }
+}
+}  // namespace
+
+struct ProcessGroup::Family {
+  std::shared_ptr<CommStats> stats;
+  std::shared_ptr<FlightRecorder> recorder;
+  int root_rank;  // this process's rank in the group the family started from
+  int root_size;
+};
+
+ProcessGroupOptions ProcessGroupOptions::from_env() {
+  ProcessGroupOptions o;
+  if (const char* t = std::getenv("FSDP_COLLECTIVE_TIMEOUT_S"); t && *t) {
+    char* end = nullptr;
+    const double v = std::strtod(t, &end);
+    FSDP_CHECK(end && *end == '\0' && std::isfinite(v) && v > 0, ErrorKind::kInvalidArgument,
+               (ErrorContext{-1, "", "ProcessGroupOptions"}),
+               expected_actual("FSDP_COLLECTIVE_TIMEOUT_S", "a number of seconds > 0", std::string("'") + t + "'"));
+    o.timeout_s = v;
+  }
+  if (const char* d = std::getenv("FSDP_FLIGHT_RECORDER_DIR"); d && *d) o.flight_recorder_dir = d;
+  return o;
+}
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options, std::string name)
+    : ProcessGroup(std::move(backend), options, std::move(name), nullptr) {}
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options, std::string name,
+                           std::shared_ptr<Family> family)
     : backend_(std::move(backend)),
       rank_(backend_ ? backend_->rank() : -1),
       size_(backend_ ? backend_->size() : 0),
       backend_name_(backend_ ? backend_->name() : ""),
-      stats_(stats ? std::move(stats) : std::make_shared<CommStats>()) {
+      options_(std::move(options)),
+      name_(std::move(name)),
+      family_(family ? std::move(family)
+                     : std::make_shared<Family>(Family{std::make_shared<CommStats>(),
+                                                       std::make_shared<FlightRecorder>(
+                                                           static_cast<size_t>(std::max(1, options_.flight_recorder_entries))),
+                                                       rank_, size_})),
+      stats_(family_->stats),
+      recorder_(family_->recorder) {
   FSDP_CHECK(backend_ != nullptr, ErrorKind::kInvalidArgument, (ErrorContext{-1, "", "ProcessGroup"}),
              "the backend is null");
   FSDP_CHECK(size_ >= 1 && rank_ >= 0 && rank_ < size_, ErrorKind::kInvalidArgument,
              (ErrorContext{rank_, "", "ProcessGroup"}), "invalid backend: rank ", rank_, " of size ", size_);
+  FSDP_CHECK(options_.timeout_s > 0 && options_.abort_grace_s >= 0, ErrorKind::kInvalidArgument,
+             (ErrorContext{rank_, "", "ProcessGroup"}), "timeout_s must be > 0 and abort_grace_s >= 0, got ",
+             options_.timeout_s, " and ", options_.abort_grace_s);
   if (size_ > 1) worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -39,7 +95,11 @@ ProcessGroup::~ProcessGroup() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
-  // backend_ is destroyed after this body, with no op left that could use it.
+  std::lock_guard<std::mutex> lock(mu_);
+  // A timed-out collective may still be running inside the transport (MPI cannot cancel it):
+  // such a backend is never freed, the job ends by abort (on_unrecoverable).
+  if (!broken_.empty()) (void)backend_.release();
+  // Otherwise backend_ is destroyed after this body, with no op left that could use it.
 }
 
 void ProcessGroup::worker_loop() {
@@ -56,27 +116,166 @@ void ProcessGroup::worker_loop() {
   }
 }
 
+std::string ProcessGroup::describe(const Signature& s) const {
+  std::string d = to_string(static_cast<CollectiveKind>(s.kind));
+  if (s.dtype >= 0) d += str_cat(" of ", s.numel, " ", dtype_name(static_cast<c10::ScalarType>(s.dtype)));
+  if (s.reduce_op >= 0) d += str_cat(" (", to_string(static_cast<ReduceOp>(s.reduce_op)), ")");
+  if (s.root >= 0) d += str_cat(" from root ", s.root);
+  if (s.unit[0]) d += str_cat(", unit '", s.unit, "'");
+  if (s.phase[0]) d += str_cat(", ", s.phase);
+  return d;
+}
+
+void ProcessGroup::check_same_op(const Op& op) {
+  constexpr int64_t kBytes = sizeof(Signature);
+  at::Tensor mine = at::empty({kBytes}, at::kByte);
+  std::memcpy(mine.data_ptr(), &op.signature, kBytes);
+  at::Tensor all = at::empty({size_ * kBytes}, at::kByte);
+  backend_->all_gather(all, mine);
+  const auto* sigs = reinterpret_cast<const Signature*>(all.data_ptr());
+  bool same = true;
+  for (int r = 0; r < size_ && same; ++r) same = std::memcmp(&sigs[r], &sigs[0], kBytes) == 0;
+  if (same) return;
+  // Every rank builds the same verdict from the same data: group the ranks by what they issued.
+  std::vector<std::pair<std::string, std::vector<int>>> sides;
+  std::vector<int> differ;
+  for (int r = 0; r < size_; ++r) {
+    if (std::memcmp(&sigs[r], &sigs[0], kBytes) != 0) differ.push_back(r);
+    const std::string d = describe(sigs[r]);
+    auto it = std::find_if(sides.begin(), sides.end(), [&](const auto& p) { return p.first == d; });
+    if (it == sides.end()) sides.push_back({d, {r}}); else it->second.push_back(r);
+  }
+  std::string msg = str_cat("ranks disagree at collective #", op.seq, " of group '", name_, "': ");
+  auto ranks = [](const std::vector<int>& rs) {
+    std::string out = rs.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < rs.size(); ++i) out += (i ? ", " : "") + std::to_string(rs[i]);
+    return out;
+  };
+  for (size_t i = 0; i < sides.size(); ++i) msg += (i ? "; " : "") + ranks(sides[i].second) + " issued " + sides[i].first;
+  msg += str_cat(". ", ranks(differ), " differ from rank 0. Every rank must run the same units in the "
+                 "same order (same forward and backward, same number of calls of each unit); "
+                 "data-dependent control flow must take the same path on every rank");
+  throw Error(ErrorKind::kMismatch, ErrorContext{rank_, op.signature.unit, to_string(op.kind)}, msg);
+}
+
+void ProcessGroup::on_unrecoverable(const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.empty()) return;
+    broken_ = what;
+  }
+  dump_flight_recorder(what);
+  if (!options_.abort_after_timeout) return;
+  // MPI cannot cancel the collective: give the program abort_grace_s to report, then end the job.
+  Backend* backend = backend_.get();  // never freed once broken (see the destructor)
+  const double grace = options_.abort_grace_s;
+  std::thread([backend, grace] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(grace));
+    std::fprintf(stderr, "[fsdp] aborting the job: a collective timed out %.0f s ago and the process "
+                 "has not ended\n", grace);
+    backend->abort_job(1);
+  }).detach();
+}
+
+std::string ProcessGroup::dump_flight_recorder(const std::string& reason) {
+  if (options_.flight_recorder_dir.empty()) return "";
+  return recorder_->dump(options_.flight_recorder_dir, family_->root_rank, family_->root_size, reason);
+}
+
 void ProcessGroup::run_op(Op& op) {
   const double t0 = now_s();
+  recorder_->mark_running(op.record_id, t0);
   std::exception_ptr err;
+  std::string failure;
+  bool timed_out = false;
   try {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!broken_.empty()) {
+        throw Error(ErrorKind::kTimeout, ErrorContext{rank_, op.signature.unit, to_string(op.kind)},
+                    str_cat("collective #", op.seq, " of group '", name_, "' not run: the group is unusable since ",
+                            broken_));
+      }
+    }
+    if (size_ > 1) {
+      backend_->set_deadline(t0 + options_.timeout_s);
+      check_same_op(op);
+    }
     op.fn();
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kTimeout && e.message().find("the group is unusable since") == std::string::npos) {
+      const std::string what = str_cat("collective #", op.seq, " of group '", name_, "' (", describe(op.signature),
+                                       ", ", op.bytes, " bytes) did not complete within ", options_.timeout_s,
+                                       " s on rank ", rank_, " (world rank ", family_->root_rank, ")");
+      on_unrecoverable(what);
+      timed_out = true;
+      const std::string where = options_.flight_recorder_dir.empty()
+                                    ? std::string("; set FSDP_FLIGHT_RECORDER_DIR to record the last collectives")
+                                    : "; flight recorder in " + options_.flight_recorder_dir;
+      err = std::make_exception_ptr(Error(ErrorKind::kTimeout, ErrorContext{rank_, op.signature.unit, to_string(op.kind)},
+                                          what + "; the group is unusable and the job will be aborted" + where));
+    } else {
+      err = std::current_exception();
+    }
+    failure = e.what();
+  } catch (const std::exception& e) {
+    err = std::current_exception();
+    failure = e.what();
   } catch (...) {
     err = std::current_exception();
+    failure = "unknown error";
   }
   op.fn = nullptr;  // release the op's tensors before signalling completion
   const double t1 = now_s();
+  recorder_->mark_done(op.record_id, t1,
+                       !err ? OpState::kCompleted : (timed_out ? OpState::kTimedOut : OpState::kFailed), failure);
+  if (timed_out) {
+    dump_flight_recorder(failure);  // again, now that this op's record says how it ended
+  } else if (err && failure.find("the group is unusable") == std::string::npos) {
+    dump_flight_recorder(failure);  // a mismatch or a transport failure: worth the record
+  }
   if (op.counted) stats_->record_time(op.kind, t0, t1, op.bytes, op.seq);
   op.work->finish(err, t1 - t0);
 }
 
-WorkPtr ProcessGroup::enqueue(CollectiveKind kind, int64_t logical_bytes, std::function<void()> fn) {
+WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn) {
   auto work = std::make_shared<Work>();
   std::unique_lock<std::mutex> lock(mu_);
-  FSDP_CHECK(!stopping_, ErrorKind::kState, (ErrorContext{rank_, "", to_string(kind)}),
-             "issued on a process group that is shutting down");
-  if (logical_bytes >= 0) stats_->record_issue(kind, logical_bytes);
-  Op op{kind, logical_bytes >= 0, logical_bytes, next_seq_++, std::move(fn), work};
+  const ErrorContext where{rank_, d.tag ? d.tag->unit : "", to_string(d.kind)};
+  FSDP_CHECK(!stopping_, ErrorKind::kState, where, "issued on a process group that is shutting down");
+  FSDP_CHECK(broken_.empty(), ErrorKind::kTimeout, where, "the group '", name_, "' is unusable since ", broken_);
+  Op op;
+  op.kind = d.kind;
+  op.counted = d.logical_bytes >= 0;
+  op.bytes = std::max<int64_t>(d.logical_bytes, 0);
+  op.seq = next_seq_++;
+  std::memset(&op.signature, 0, sizeof(Signature));
+  op.signature.seq = op.seq;
+  op.signature.kind = static_cast<int32_t>(d.kind);
+  op.signature.dtype = d.tensor ? static_cast<int32_t>(d.tensor->scalar_type()) : -1;
+  op.signature.numel = d.tensor ? d.tensor->numel() : 0;
+  op.signature.reduce_op = d.reduce_op == ReduceOp::kSum && d.kind != CollectiveKind::kReduceScatter &&
+                                   d.kind != CollectiveKind::kAllReduce
+                               ? -1
+                               : static_cast<int32_t>(d.reduce_op);
+  op.signature.root = d.root;
+  if (d.tag) {
+    std::strncpy(op.signature.unit, d.tag->unit.c_str(), sizeof(op.signature.unit) - 1);
+    std::strncpy(op.signature.phase, d.tag->phase.c_str(), sizeof(op.signature.phase) - 1);
+  }
+  CollectiveRecord rec;
+  rec.group = name_;
+  rec.seq = op.seq;
+  rec.kind = d.kind;
+  rec.dtype = d.tensor ? dtype_name(d.tensor->scalar_type()) : "";
+  rec.numel = op.signature.numel;
+  rec.bytes = op.bytes;
+  if (d.tag) rec.tag = *d.tag;
+  rec.issue_s = now_s();
+  op.record_id = recorder_->add(std::move(rec));
+  if (op.counted) stats_->record_issue(d.kind, op.bytes);
+  op.fn = std::move(fn);
+  op.work = work;
   if (size_ == 1) {
     // Nothing to wait for: run inline. Every op of this group runs inline, so issue order is kept.
     lock.unlock();
@@ -92,6 +291,7 @@ WorkPtr ProcessGroup::enqueue(CollectiveKind kind, int64_t logical_bytes, std::f
 namespace {
 
 bool is_half(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
 
 ErrorContext at_op(int rank, const char* op) { return ErrorContext{rank, "", op}; }
 
@@ -138,7 +338,7 @@ void ProcessGroup::check_tensor(const char* op, const char* what, const at::Tens
              backend_->max_elements(), " per collective; split the FSDP unit into smaller units");
 }
 
-WorkPtr ProcessGroup::all_gather_into_tensor(at::Tensor output, at::Tensor input) {
+WorkPtr ProcessGroup::all_gather_into_tensor(at::Tensor output, at::Tensor input, const OpTag& tag) {
   const char* op = "all_gather_into_tensor";
   check_tensor(op, "input", input);
   check_tensor(op, "output", output);
@@ -147,15 +347,14 @@ WorkPtr ProcessGroup::all_gather_into_tensor(at::Tensor output, at::Tensor input
   FSDP_CHECK(output.numel() == input.numel() * size_, ErrorKind::kInvalidArgument, at_op(rank_, op),
              "output must hold world size x input numel = ", size_, " x ", input.numel(), " = ",
              input.numel() * size_, " elements, got ", output.numel());
-  if (size_ == 1) {
-    return enqueue(CollectiveKind::kAllGather, output.nbytes(),
-                   [output, input] { copy_if_distinct(output, input); });
-  }
-  return enqueue(CollectiveKind::kAllGather, output.nbytes(),
-                 [this, output, input] { backend_->all_gather(output, input); });
+  const Described d{CollectiveKind::kAllGather, &input, ReduceOp::kSum, -1, &tag,
+                    static_cast<int64_t>(output.nbytes())};
+  if (size_ == 1) return enqueue(d, [output, input] { copy_if_distinct(output, input); });
+  return enqueue(d, [this, output, input] { backend_->all_gather(output, input); });
 }
 
-WorkPtr ProcessGroup::reduce_scatter_tensor(at::Tensor output, at::Tensor input, ReduceOp rop) {
+WorkPtr ProcessGroup::reduce_scatter_tensor(at::Tensor output, at::Tensor input, ReduceOp rop,
+                                            const OpTag& tag) {
   const char* op = "reduce_scatter_tensor";
   check_tensor(op, "input", input);
   check_tensor(op, "output", output);
@@ -165,35 +364,33 @@ WorkPtr ProcessGroup::reduce_scatter_tensor(at::Tensor output, at::Tensor input,
   FSDP_CHECK(input.numel() == output.numel() * size_, ErrorKind::kInvalidArgument, at_op(rank_, op),
              "input must hold world size x output numel = ", size_, " x ", output.numel(), " = ",
              output.numel() * size_, " elements, got ", input.numel());
-  const int64_t bytes = input.nbytes();
+  const Described d{CollectiveKind::kReduceScatter, &input, rop, -1, &tag, static_cast<int64_t>(input.nbytes())};
   if (size_ == 1) {  // every reduction over one rank is the identity
-    return enqueue(CollectiveKind::kReduceScatter, bytes,
-                   [output, input] { copy_if_distinct(output, input); });
+    return enqueue(d, [output, input] { copy_if_distinct(output, input); });
   }
   if (is_half(input.scalar_type())) {
-    return enqueue(CollectiveKind::kReduceScatter, bytes,
-                   [this, output, input, rop] { reduce_scatter_low_precision(output, input, rop); });
+    return enqueue(d, [this, output, input, rop] { reduce_scatter_low_precision(output, input, rop); });
   }
-  return enqueue(CollectiveKind::kReduceScatter, bytes, [this, output, input, rop] {
+  return enqueue(d, [this, output, input, rop] {
     reduce_with(*backend_, output, rop, [&](ReduceOp o) { backend_->reduce_scatter(output, input, o); });
   });
 }
 
-WorkPtr ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp rop) {
+WorkPtr ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp rop, const OpTag& tag) {
   const char* op = "all_reduce";
   check_tensor(op, "tensor", tensor);
   check_reducible(rank_, op, tensor);
-  if (size_ == 1) return enqueue(CollectiveKind::kAllReduce, tensor.nbytes(), [] {});
+  const Described d{CollectiveKind::kAllReduce, &tensor, rop, -1, &tag, static_cast<int64_t>(tensor.nbytes())};
+  if (size_ == 1) return enqueue(d, [] {});
   if (is_half(tensor.scalar_type())) {
-    return enqueue(CollectiveKind::kAllReduce, tensor.nbytes(),
-                   [this, tensor, rop] { all_reduce_low_precision(tensor, rop); });
+    return enqueue(d, [this, tensor, rop] { all_reduce_low_precision(tensor, rop); });
   }
-  return enqueue(CollectiveKind::kAllReduce, tensor.nbytes(), [this, tensor, rop] {
+  return enqueue(d, [this, tensor, rop] {
     reduce_with(*backend_, tensor, rop, [&](ReduceOp o) { backend_->all_reduce(tensor, o); });
   });
 }
 
-WorkPtr ProcessGroup::all_to_all(at::Tensor output, at::Tensor input) {
+WorkPtr ProcessGroup::all_to_all(at::Tensor output, at::Tensor input, const OpTag& tag) {
   const char* op = "all_to_all";
   check_tensor(op, "input", input);
   check_tensor(op, "output", output);
@@ -202,34 +399,35 @@ WorkPtr ProcessGroup::all_to_all(at::Tensor output, at::Tensor input) {
   FSDP_CHECK(output.numel() == input.numel() && input.numel() % size_ == 0,
              ErrorKind::kInvalidArgument, at_op(rank_, op), "input and output must hold world size ",
              size_, " x n elements each, got input ", input.numel(), " and output ", output.numel());
-  if (size_ == 1) {
-    return enqueue(CollectiveKind::kAllToAll, input.nbytes(),
-                   [output, input] { copy_if_distinct(output, input); });
-  }
-  return enqueue(CollectiveKind::kAllToAll, input.nbytes(),
-                 [this, output, input] { backend_->all_to_all(output, input); });
+  const Described d{CollectiveKind::kAllToAll, &input, ReduceOp::kSum, -1, &tag, static_cast<int64_t>(input.nbytes())};
+  if (size_ == 1) return enqueue(d, [output, input] { copy_if_distinct(output, input); });
+  return enqueue(d, [this, output, input] { backend_->all_to_all(output, input); });
 }
 
-WorkPtr ProcessGroup::broadcast(at::Tensor tensor, int root) {
+WorkPtr ProcessGroup::broadcast(at::Tensor tensor, int root, const OpTag& tag) {
   check_tensor("broadcast", "tensor", tensor);
   FSDP_CHECK(root >= 0 && root < size_, ErrorKind::kInvalidArgument, at_op(rank_, "broadcast"),
              "root ", root, " outside the group of size ", size_);
-  if (size_ == 1) return enqueue(CollectiveKind::kBroadcast, tensor.nbytes(), [] {});
-  return enqueue(CollectiveKind::kBroadcast, tensor.nbytes(),
-                 [this, tensor, root] { backend_->broadcast(tensor, root); });
+  const Described d{CollectiveKind::kBroadcast, &tensor, ReduceOp::kSum, root, &tag,
+                    static_cast<int64_t>(tensor.nbytes())};
+  if (size_ == 1) return enqueue(d, [] {});
+  return enqueue(d, [this, tensor, root] { backend_->broadcast(tensor, root); });
 }
 
-WorkPtr ProcessGroup::barrier() {
-  if (size_ == 1) return enqueue(CollectiveKind::kBarrier, 0, [] {});
-  return enqueue(CollectiveKind::kBarrier, 0, [this] { backend_->barrier(); });
+WorkPtr ProcessGroup::barrier(const OpTag& tag) {
+  const Described d{CollectiveKind::kBarrier, nullptr, ReduceOp::kSum, -1, &tag, 0};
+  if (size_ == 1) return enqueue(d, [] {});
+  return enqueue(d, [this] { backend_->barrier(); });
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
   std::unique_ptr<Backend> sub;
   // Not counted in stats (logical bytes -1): it is set-up, not training traffic.
-  enqueue(CollectiveKind::kBarrier, -1, [this, color, key, &sub] { sub = backend_->split(color, key); })
-      ->wait();
-  return std::make_shared<ProcessGroup>(std::move(sub), stats_);
+  const OpTag tag{"", "split"};
+  const Described d{CollectiveKind::kBarrier, nullptr, ReduceOp::kSum, -1, &tag, -1};
+  enqueue(d, [this, color, key, &sub] { sub = backend_->split(color, key); })->wait();
+  return std::shared_ptr<ProcessGroup>(
+      new ProcessGroup(std::move(sub), options_, str_cat(name_, "/split(", color, ")"), family_));
 }
 
 // [Note: low-precision reductions] A bf16/fp16 reduce-scatter sends each block in its own dtype to
@@ -269,16 +467,16 @@ void ProcessGroup::all_reduce_low_precision(const at::Tensor& tensor, ReduceOp o
   tensor.view(-1).copy_(padded.narrow(0, 0, m));
 }
 
-std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& mine) {
+std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& mine, const OpTag& tag) {
   const int n = group.size();
   at::Tensor len = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
   at::Tensor lens = at::empty({n}, at::kLong);
-  group.all_gather_into_tensor(lens, len)->wait();
+  group.all_gather_into_tensor(lens, len, tag)->wait();
   const int64_t max_len = std::max<int64_t>(lens.max().item<int64_t>(), 1);
   at::Tensor buf = at::zeros({max_len}, at::kByte);
   std::memcpy(buf.data_ptr(), mine.data(), mine.size());
   at::Tensor all = at::empty({n * max_len}, at::kByte);
-  group.all_gather_into_tensor(all, buf)->wait();
+  group.all_gather_into_tensor(all, buf, tag)->wait();
   std::vector<std::string> out;
   out.reserve(n);
   const char* base = static_cast<const char*>(all.data_ptr());

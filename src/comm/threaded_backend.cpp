@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <condition_variable>
 #include <limits>
 #include <map>
@@ -19,15 +22,28 @@ namespace {
 struct ThreadedWorld {
   explicit ThreadedWorld(int n) : size(n), slots(n), colors(n), keys(n) {}
 
-  void arrive_and_wait() {
+  // Waits until every rank arrived; throws fsdp::Error (kTimeout) past deadline_s (the world is
+  // unusable afterwards, as an MPI communicator with a timed-out collective).
+  void arrive_and_wait(int rank, double deadline_s) {
     std::unique_lock<std::mutex> lock(mu);
     const int64_t gen = generation;
     if (++arrived == size) {
       arrived = 0;
       ++generation;
       cv.notify_all();
-    } else {
-      cv.wait(lock, [&] { return generation != gen; });
+      return;
+    }
+    while (generation == gen) {
+      if (std::isinf(deadline_s)) {
+        cv.wait(lock);
+        continue;
+      }
+      const double left = deadline_s - now_s();
+      if (left <= 0) {
+        throw Error(ErrorKind::kTimeout, ErrorContext{rank, "", "threaded"},
+                    "not complete by the deadline (a rank did not arrive)");
+      }
+      cv.wait_for(lock, std::chrono::duration<double>(std::min(left, 0.05)));
     }
   }
 
@@ -108,13 +124,14 @@ class ThreadedBackend final : public Backend {
     if (copy.defined()) flat(tensor).copy_(copy);
   }
 
-  void barrier() override { world_->arrive_and_wait(); }
+  void barrier() override { wait_all(); }
+  [[noreturn]] void abort_job(int) override { std::abort(); }
 
   std::unique_ptr<Backend> split(int color, int key) override {
     auto& w = *world_;
     w.colors[rank_] = color;
     w.keys[rank_] = key;
-    w.arrive_and_wait();
+    wait_all();
     std::vector<int> members;
     for (int r = 0; r < w.size; ++r) {
       if (w.colors[r] == color) members.push_back(r);
@@ -126,19 +143,19 @@ class ThreadedBackend final : public Backend {
       std::lock_guard<std::mutex> lock(w.mu);
       w.split_result[color] = {std::make_shared<ThreadedWorld>(static_cast<int>(members.size())), members};
     }
-    w.arrive_and_wait();
+    wait_all();
     std::shared_ptr<ThreadedWorld> sub;
     {
       std::lock_guard<std::mutex> lock(w.mu);
       sub = w.split_result.at(color).first;
     }
     const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
-    w.arrive_and_wait();
+    wait_all();
     if (rank_ == 0) {
       std::lock_guard<std::mutex> lock(w.mu);
       w.split_result.clear();
     }
-    w.arrive_and_wait();
+    wait_all();
     return std::make_unique<ThreadedBackend>(sub, new_rank);
   }
 
@@ -149,11 +166,12 @@ class ThreadedBackend final : public Backend {
   void exchange(const at::Tensor& mine, Read&& read) {
     auto& w = *world_;
     w.slots[rank_] = mine;
-    w.arrive_and_wait();
+    wait_all();
     read(w);
-    w.arrive_and_wait();
+    wait_all();
     w.slots[rank_].reset();
   }
+  void wait_all() { world_->arrive_and_wait(rank_, deadline_s()); }
 
   std::shared_ptr<ThreadedWorld> world_;
   int rank_;
@@ -161,13 +179,13 @@ class ThreadedBackend final : public Backend {
 
 }  // namespace
 
-std::vector<ProcessGroupPtr> threaded_world(int world_size) {
+std::vector<ProcessGroupPtr> threaded_world(int world_size, ProcessGroupOptions options) {
   FSDP_CHECK(world_size >= 1, ErrorKind::kInvalidArgument, (ErrorContext{-1, "", "threaded_world"}),
              "world size must be >= 1, got ", world_size);
   auto world = std::make_shared<ThreadedWorld>(world_size);
   std::vector<ProcessGroupPtr> groups;
   for (int r = 0; r < world_size; ++r) {
-    groups.push_back(std::make_shared<ProcessGroup>(std::make_unique<ThreadedBackend>(world, r)));
+    groups.push_back(std::make_shared<ProcessGroup>(std::make_unique<ThreadedBackend>(world, r), options, "world"));
   }
   return groups;
 }

@@ -25,7 +25,7 @@ double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max
     // inf: MPI's MAX may drop a NaN operand, so a NaN travels as a separate flag.
     at::Tensor t = at::tensor({std::isnan(local) ? 0.0 : local, std::isnan(local) ? 1.0 : 0.0},
                               at::kDouble);
-    sg.group->all_reduce(t, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum)->wait();
+    sg.group->all_reduce(t, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum, comm::OpTag{"", "clip_grad_norm"})->wait();
     total = t[1].item<double>() > 0 ? std::numeric_limits<double>::quiet_NaN() : t[0].item<double>();
   }
   if (!inf) total = std::sqrt(total);

@@ -31,7 +31,7 @@ bool GradScaler::unscale(const std::shared_ptr<torch::nn::Module>& model) {
   // max |g| is inf or NaN exactly when some gradient element is.
   const bool local_inf = !std::isfinite(detail::local_norm_part(sg, /*inf=*/true));
   at::Tensor flag = at::tensor({static_cast<int64_t>(local_inf)}, at::kLong);
-  if (sg.group) sg.group->all_reduce(flag, comm::ReduceOp::kMax)->wait();
+  if (sg.group) sg.group->all_reduce(flag, comm::ReduceOp::kMax, comm::OpTag{"", "grad_scaler"})->wait();
   found_inf_ = flag.item<int64_t>() != 0;
   unscaled_ = true;
   return found_inf_;

@@ -22,7 +22,7 @@ void check_same_on_every_rank(comm::ProcessGroup& group, const ErrorContext& whe
                               const std::vector<std::string>& lines, const std::string& remedy) {
   std::string mine;
   for (const auto& l : lines) mine += l + "\n";
-  const std::vector<std::string> all = comm::all_gather_strings(group, mine);
+  const std::vector<std::string> all = comm::all_gather_strings(group, mine, comm::OpTag{where.unit, where.op});
   for (int r = 0; r < group.size(); ++r) {
     if (all[r] == mine) continue;
     const auto theirs = split_lines(all[r]);

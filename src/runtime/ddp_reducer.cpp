@@ -125,7 +125,7 @@ void DdpReducer::issue(size_t b) {
     const at::Tensor& g = p.module_param.grad();
     if (g.defined()) {
       FSDP_CHECK(g.numel() == n, ErrorKind::kInvalidArgument, (ErrorContext{group_->rank(), unit_name_, "backward"}),
-                 expected_actual("gradient shape of '" + p.fqn + "'", p.module_param.sizes(), g.sizes()));
+                 expected_actual("gradient shape of '" + p.fqn + "'", shard::shape_to_string(p.shape), g.sizes()));
       dst.copy_(g.reshape({n}));
     } else {
       dst.zero_();  // unused on this rank in this backward
@@ -133,7 +133,7 @@ void DdpReducer::issue(size_t b) {
     p.module_param.mutable_grad() = at::Tensor();  // free the unsharded gradient
   }
   buffers_[b] = buffer;
-  works_[b] = group_->all_reduce(buffer, comm::ReduceOp::kAvg);
+  works_[b] = group_->all_reduce(buffer, comm::ReduceOp::kAvg, comm::OpTag{unit_name_, "backward"});
 }
 
 void DdpReducer::finish(bool issue_rest) {

@@ -21,20 +21,36 @@ std::vector<int64_t> shape_with_rows(const FSDPParam& p, int64_t rows) {
 // frees the bytes (size 0), unshard allocates them again. Autograd may have saved views of the
 // param (e.g. weight.t() in linear): they share the StorageImpl, so they see the re-gathered data
 // in backward and hold no memory in between (the approach of PyTorch FSDP2's storage resize_(0)).
+// While resharded, the module's parameter object itself holds an empty tensor (shape [0]), so code
+// that reads it outside its unit's forward gets an empty tensor or an ATen shape error, which
+// fsdp::call turns into an error naming the parameter, never a read of freed memory.
 void FSDPParam::free_unsharded() {
   auto* impl = unsharded_padded.storage().unsafeGetStorageImpl();
   impl->set_data_ptr_noswap(at::DataPtr(nullptr, unsharded_padded.device()));
   impl->set_nbytes(0);
+  module_param.set_data(at::empty({0}, unsharded_padded.options()));
 }
 
 void FSDPParam::alloc_unsharded() {
   auto* impl = unsharded_padded.storage().unsafeGetStorageImpl();
   const int64_t nbytes = unsharded_bytes();
-  if (static_cast<int64_t>(impl->nbytes()) == nbytes && impl->data() != nullptr) return;
-  c10::Allocator* alloc = c10::GetAllocator(unsharded_padded.device().type());
-  impl->set_data_ptr_noswap(alloc->allocate(nbytes));
-  impl->set_nbytes(nbytes);
+  if (!(static_cast<int64_t>(impl->nbytes()) == nbytes && impl->data() != nullptr)) {
+    c10::Allocator* alloc = c10::GetAllocator(unsharded_padded.device().type());
+    impl->set_data_ptr_noswap(alloc->allocate(nbytes));
+    impl->set_nbytes(nbytes);
+  }
+  point_module_param_at_unsharded();
 }
+
+void FSDPParam::point_module_param_at_unsharded() {
+  at::Tensor view = unsharded_padded.narrow(0, 0, spec.dim0);
+  if (module_param.data_ptr() == view.data_ptr() && module_param.sizes().vec() == shape) return;
+  // A 0-dim param is one row of one element. (view({}) would pick view(ScalarType) and
+  // reinterpret the bytes as uint8: the shape must be spelled as an IntArrayRef.)
+  module_param.set_data(shape.empty() ? view.view(at::IntArrayRef{}) : view);
+}
+
+bool FSDPParam::resharded() const { return module_param.numel() == 0 && spec.numel() > 0; }
 
 int64_t FSDPParam::unsharded_bytes() const {
   return spec.padded_numel() * static_cast<int64_t>(unsharded_padded.element_size());
@@ -61,8 +77,7 @@ void FSDPParam::init_shard(const at::Tensor& storage, int64_t rank, c10::ScalarT
   unsharded_padded = alias ? sharded_storage
                            : at::empty(shape_with_rows(*this, s.rows_per_rank * s.world_size),
                                        at::dtype(param_dtype));
-  at::Tensor view = unsharded_padded.narrow(0, 0, s.dim0);
-  module_param.set_data(shape.empty() ? view.view({}) : view);
+  point_module_param_at_unsharded();
   if (!alias) free_unsharded();
 }
 
@@ -87,8 +102,8 @@ void FSDPParam::take_unsharded_grad(const at::Tensor& blocks, int64_t offset, co
     if (s.padded_shard_numel() > 0) dst.zero_();  // no gradient on this rank this step: zeros
     return;
   }
-  FSDP_CHECK(g.sizes() == module_param.sizes(), ErrorKind::kInvalidArgument, (ErrorContext{-1, where, "reduce_scatter"}),
-             expected_actual("gradient shape of '" + fqn + "'", module_param.sizes(), g.sizes()));
+  FSDP_CHECK(g.sizes().vec() == shape, ErrorKind::kInvalidArgument, (ErrorContext{-1, where, "reduce_scatter"}),
+             expected_actual("gradient shape of '" + fqn + "'", shard::shape_to_string(shape), g.sizes()));
   at::Tensor rows = g.reshape({s.dim0, s.row_numel});
   at::Tensor out = dst.view({world, s.rows_per_rank, s.row_numel});
   const int64_t full = s.rows_per_rank ? s.dim0 / s.rows_per_rank : 0;  // ranks with all rows real

@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "autograd_hooks.h"
+#include "buffers.h"
 #include "consistency.h"
 #include "ddp_reducer.h"
 #include "fsdp/runtime/fully_shard.h"
@@ -75,6 +76,7 @@ FSDPUnit::FSDPUnit(std::shared_ptr<torch::nn::Module> module, std::string name,
 }
 
 FSDPUnit::~FSDPUnit() {
+  if (buffer_cast_ && buffer_cast_->active()) buffer_cast_->end();
   // Never leave a collective writing into freed buffers.
   try {
     if (gather_ && gather_->work) gather_->work->wait();
@@ -134,16 +136,10 @@ void FSDPUnit::init_shards() {
   }
   params_alias_ = traits_->params_alias_shards && param_dtype_ == orig_dtype_;
 
-  std::vector<std::vector<int64_t>> shapes, reduce_shapes;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    shapes.push_back(params_[i].shape);
-    if (params_[i].requires_grad) {
-      reduce_shapes.push_back(params_[i].shape);
-      reduce_index_.push_back(static_cast<int>(i));
-    }
-  }
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& p : params_) shapes.push_back(p.shape);
   gather_layout_ = shard::FlatLayout::make(shapes, world);
-  reduce_layout_ = shard::FlatLayout::make(reduce_shapes, world);
+  build_reduce_layout();
   // One flat buffer holds this rank's padded shards of all params: it is the all-gather input
   // itself when no cast is needed.
   sharded_flat_ = at::zeros({gather_layout_.shard_numel()}, at::dtype(orig_dtype_));
@@ -155,12 +151,70 @@ void FSDPUnit::init_shards() {
   }
 }
 
+void FSDPUnit::build_reduce_layout() {
+  std::vector<std::vector<int64_t>> shapes;
+  reduce_index_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].requires_grad) continue;
+    shapes.push_back(params_[i].shape);
+    reduce_index_.push_back(static_cast<int>(i));
+  }
+  reduce_layout_ = shard::FlatLayout::make(shapes, shard_group_->size());
+}
+
+// [Note: requires_grad after wrapping] The module parameter's flag is the truth, read at every
+// forward of the unit (FSDP2 keeps per-parameter flags too): the sharded param follows it, a
+// frozen param drops its gradients (nothing to reduce, nothing for the optimizer, no memory), and
+// the reduce-scatter layout and DDP buckets are rebuilt for the new set of trainable params. Every
+// rank must change the same flags (the collective check reports a rank that did not).
+void FSDPUnit::follow_requires_grad() {
+  bool changed = false;
+  for (auto& p : params_) {
+    const bool want = p.module_param.requires_grad();
+    if (want == p.requires_grad) continue;
+    changed = true;
+    p.requires_grad = want;
+    p.sharded_param.set_requires_grad(want);
+    if (!want) {
+      p.sharded_param.mutable_grad() = at::Tensor();
+      p.module_param.mutable_grad() = at::Tensor();
+    }
+  }
+  if (!changed) return;
+  if (reduce_) finish_reduce_scatter();  // nothing in flight over the old layout
+  build_reduce_layout();
+  if (reducer_) {
+    reducer_ = detail::DdpReducer::create(params_, replicate_group_, reduce_dtype_,
+                                          options_.bucket_cap_bytes.value_or(kDefaultBucketCapBytes), name_);
+    reducer_->set_armed(requires_gradient_sync_ && scheduler_ != nullptr);
+  }
+}
+
+bool FSDPUnit::has_pending_grads() const {
+  for (int i : reduce_index_) {
+    if (params_[i].module_param.grad().defined()) return true;
+  }
+  return false;
+}
+
+void FSDPUnit::reduce_pending_grads() {
+  if (!requires_gradient_sync_ || reduce_ || reduce_index_.empty()) return;
+  if (traits_->grad_sync == detail::GradSync::kBuckets) {
+    reducer_->finish(/*issue_rest=*/true);  // packs what accumulated; missing gradients are zeros
+    backward_active_ = false;
+    return;
+  }
+  reduce_ = std::make_unique<detail::ReduceScatterResult>(detail::foreach_reduce_scatter(
+      params_, reduce_index_, reduce_layout_, *shard_group_, reduce_dtype_,
+      comm::OpTag{name_, "backward (accumulated)"}));
+}
+
 void FSDPUnit::set_requires_gradient_sync(bool sync) {
   requires_gradient_sync_ = sync;
   if (reducer_) reducer_->set_armed(sync && scheduler_ != nullptr);
 }
 
-void FSDPUnit::unshard_async() {
+void FSDPUnit::unshard_async(const char* phase) {
   if (sharded_state_ != ShardedState::kSharded || params_.empty()) return;
   if (params_alias_ || params_fresh()) {
     // The module params are the full rows, or still hold the current rows: no communication.
@@ -168,17 +222,18 @@ void FSDPUnit::unshard_async() {
     return;
   }
   gather_ = std::make_unique<detail::AllGatherResult>(
-      traits_->gathers_params ? detail::foreach_all_gather(sharded_flat_, *shard_group_, param_dtype_)
+      traits_->gathers_params ? detail::foreach_all_gather(sharded_flat_, *shard_group_, param_dtype_,
+                                                           comm::OpTag{name_, phase})
                               : detail::local_cast(sharded_flat_, param_dtype_));
   sharded_state_ = ShardedState::kUnsharding;
 }
 
-void FSDPUnit::unshard() {
+void FSDPUnit::unshard(const char* phase) {
   if (params_.empty()) {
     sharded_state_ = ShardedState::kUnsharded;
     return;
   }
-  if (sharded_state_ == ShardedState::kSharded) unshard_async();
+  if (sharded_state_ == ShardedState::kSharded) unshard_async(phase);
   if (sharded_state_ == ShardedState::kUnsharded) return;
   detail::copy_out(*gather_, params_, gather_layout_);
   gather_.reset();
@@ -209,6 +264,20 @@ void FSDPUnit::reshard() {
   sharded_state_ = ShardedState::kSharded;
 }
 
+void FSDPUnit::invalidate_unsharded() {
+  FSDP_CHECK(training_state_ != TrainingState::kForward, ErrorKind::kState, where("invalidate_unsharded"),
+             "the shards were changed during the unit's forward");
+  gathered_versions_.clear();  // lazy gather: the next unshard all-gathers
+  if (params_alias_) return;   // the module params are the shards themselves
+  if (traits_->lazy_gather) {
+    if (sharded_state_ == ShardedState::kUnsharding && gather_ && gather_->work) gather_->work->wait();
+    gather_.reset();
+    sharded_state_ = ShardedState::kSharded;  // storage kept; refreshed at the next unshard
+    return;
+  }
+  reshard();
+}
+
 std::vector<at::Tensor> FSDPUnit::pre_forward(std::vector<at::Tensor> inputs) {
   FSDP_CHECK(training_state_ == TrainingState::kIdle, ErrorKind::kState, where("forward"),
              "forward entered in state ", to_string(training_state_), ", expected IDLE");
@@ -217,15 +286,21 @@ std::vector<at::Tensor> FSDPUnit::pre_forward(std::vector<at::Tensor> inputs) {
   if (!scheduler_) lazy_init_root();
   if (is_root()) {
     scheduler_->begin_forward(where("forward"));
+    if (options_.sync_buffers && module_raw_->is_training()) detail::broadcast_buffers(*module_raw_, *group_);
   } else {
     FSDP_CHECK(scheduler_->in_forward(), ErrorKind::kState, where("forward"),
                "called outside the forward of its root unit; call the root module through fsdp::call");
   }
+  follow_requires_grad();
   training_state_ = TrainingState::kForward;
   forward_index_ = scheduler_->record_use(this);
-  unshard();
+  unshard("forward");
   if (options_.forward_prefetch) scheduler_->prefetch_next(forward_index_);
   const auto& mp = options_.mixed_precision;
+  if (mp.buffer_dtype) {
+    if (!buffer_cast_) buffer_cast_ = std::make_unique<detail::BufferCast>();
+    buffer_cast_->begin(detail::unit_buffers(*module_raw_), *mp.buffer_dtype);
+  }
   if (mp.param_dtype && mp.cast_forward_inputs) {
     for (auto& x : inputs) {
       if (x.defined() && at::isFloatingType(x.scalar_type()) && x.scalar_type() != param_dtype_) {
@@ -240,6 +315,7 @@ std::vector<at::Tensor> FSDPUnit::post_forward(std::vector<at::Tensor> outputs) 
   FSDP_CHECK(training_state_ == TrainingState::kForward, ErrorKind::kState, where("forward"),
              "post-forward in state ", to_string(training_state_), ", expected FORWARD");
   const bool grad = at::GradMode::is_enabled();
+  if (buffer_cast_ && buffer_cast_->active()) buffer_cast_->end();
   if (!grad || (reshard_after_forward() && !is_root())) reshard();
   training_state_ = TrainingState::kIdle;
   if (grad) outputs = register_pre_backward(*this, forward_index_, std::move(outputs));
@@ -252,6 +328,13 @@ std::vector<at::Tensor> FSDPUnit::post_forward(std::vector<at::Tensor> outputs) 
   return outputs;
 }
 
+void FSDPUnit::abort_forward() {
+  if (training_state_ != TrainingState::kForward) return;
+  if (buffer_cast_ && buffer_cast_->active()) buffer_cast_->end();
+  training_state_ = TrainingState::kIdle;
+  if (is_root() && scheduler_->in_forward()) scheduler_->end_forward(/*grad_enabled=*/false);
+}
+
 void FSDPUnit::pre_backward(int64_t forward_index) {
   FSDP_CHECK(scheduler_ != nullptr, ErrorKind::kState, where("backward"), "backward hook before any forward");
   scheduler_->ensure_final_callback();
@@ -260,7 +343,7 @@ void FSDPUnit::pre_backward(int64_t forward_index) {
              ", expected IDLE (was the unit's forward run twice without backward in between?)");
   training_state_ = TrainingState::kPreBackward;
   backward_active_ = true;
-  unshard();
+  unshard("backward");
   if (options_.backward_prefetch) scheduler_->prefetch_previous(forward_index);
 }
 
@@ -273,7 +356,7 @@ void FSDPUnit::post_backward() {
   if (!reduce_index_.empty() && requires_gradient_sync_ && traits_->grad_sync == detail::GradSync::kReduceScatter) {
     finish_reduce_scatter();  // a unit used twice: its first reduce-scatter lands first
     reduce_ = std::make_unique<detail::ReduceScatterResult>(detail::foreach_reduce_scatter(
-        params_, reduce_index_, reduce_layout_, *shard_group_, reduce_dtype_, name_));
+        params_, reduce_index_, reduce_layout_, *shard_group_, reduce_dtype_, comm::OpTag{name_, "backward"}));
     scheduler_->on_reduce_scatter_issued(this);
   }
   reshard();
@@ -289,7 +372,7 @@ void FSDPUnit::finish_reduce_scatter() {
   backward_active_ = false;
   if (!reduce_) return;
   detail::accumulate_reduced(*reduce_, params_, reduce_index_, reduce_layout_, shard_group_->rank(),
-                             replicate_group_.get());
+                             replicate_group_.get(), comm::OpTag{name_, "backward"});
   reduce_.reset();
   grads_reduced_since_gather_ = true;
   if (scheduler_) scheduler_->on_reduce_scatter_finished(this);

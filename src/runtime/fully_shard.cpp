@@ -5,6 +5,8 @@
 #include <unordered_set>
 
 #include "fsdp/common/check.h"
+#include "buffers.h"
+#include "scheduler.h"
 #include "strategy.h"
 
 namespace fsdp {
@@ -65,6 +67,34 @@ void collect_params(torch::nn::Module& m, const std::string& prefix, bool is_top
   }
 }
 
+// A module keeping running statistics (BatchNorm) inside a unit that computes in a low-precision
+// param_dtype would mix bf16 weights with fp32 statistics, which ATen rejects: refused here with
+// the remedy, unless buffer_dtype puts the statistics in param_dtype too.
+void reject_low_precision_running_stats(torch::nn::Module& module, const std::vector<FSDPParam>& params,
+                                        const FullyShardOptions& options, const ErrorContext& where) {
+  const auto& mp = options.mixed_precision;
+  if (!mp.param_dtype || params.empty()) return;
+  const auto orig = params.front().module_param.scalar_type();
+  if (*mp.param_dtype == orig || mp.buffer_dtype == mp.param_dtype) return;
+  if (auto bn = detail::find_running_stats_module(module)) {
+    throw Error(ErrorKind::kUnsupported, where,
+                str_cat("module ", *bn, " keeps running statistics in ", orig, " but the unit computes in ",
+                        *mp.param_dtype, " (mixed_precision.param_dtype): make it a unit of its own without "
+                        "param_dtype (fully_shard_tree does so for such modules), as PyTorch AMP keeps "
+                        "batch norm in fp32, or set buffer_dtype to ", *mp.param_dtype));
+  }
+}
+
+// fully_shard_tree wraps modules with running statistics as fp32 units of their own under a
+// low-precision policy (FSDP's rule for batch norm): their input stays low precision, their
+// weights and statistics fp32.
+bool keeps_running_stats(torch::nn::Module& m) {
+  for (const auto& b : m.named_buffers(/*recurse=*/false)) {
+    if (b.key() == "running_mean" || b.key() == "running_var") return true;
+  }
+  return false;
+}
+
 int64_t unowned_numel(torch::nn::Module& m, bool is_top) {
   if (!is_top && find_unit(&m)) return 0;
   int64_t n = 0;
@@ -95,16 +125,7 @@ std::shared_ptr<FSDPUnit> fully_shard_named(std::shared_ptr<torch::nn::Module> m
   std::unordered_set<const c10::TensorImpl*> seen;
   std::vector<FSDPParam> params;
   collect_params(*module, "", true, where, seen, params);
-  if (auto dtype = options.mixed_precision.buffer_dtype) {
-    std::function<void(torch::nn::Module&, bool)> cast = [&](torch::nn::Module& m, bool top) {
-      if (!top && find_unit(&m)) return;
-      for (auto& b : m.buffers(/*recurse=*/false)) {
-        if (at::isFloatingType(b.scalar_type())) b.set_data(b.detach().to(*dtype));
-      }
-      for (const auto& c : m.children()) cast(*c, false);
-    };
-    cast(*module, true);
-  }
+  reject_low_precision_running_stats(*module, params, options, where);
   auto unit = std::make_shared<FSDPUnit>(module, name, std::move(group), options, std::move(params),
                                          registry().sub_groups);
   module->register_module(kStateChildName, std::make_shared<UnitHolderImpl>(unit));
@@ -143,7 +164,15 @@ std::shared_ptr<FSDPUnit> fully_shard_tree(std::shared_ptr<torch::nn::Module> ro
           if (dynamic_cast<UnitHolderImpl*>(child.value().get())) continue;
           std::string cq = qn.empty() ? child.key() : qn + "." + child.key();
           visit(child.value(), cq);
-          if (!find_unit(child.value().get()) && policy(cq, *child.value())) {
+          if (find_unit(child.value().get())) continue;
+          const auto& mp = options.mixed_precision;
+          if (mp.param_dtype && mp.buffer_dtype != mp.param_dtype && keeps_running_stats(*child.value())) {
+            FullyShardOptions fp32 = options;
+            fp32.mixed_precision.param_dtype.reset();
+            fp32.mixed_precision.reduce_dtype.reset();
+            fp32.mixed_precision.buffer_dtype.reset();
+            fully_shard_named(child.value(), cq, group, fp32);
+          } else if (policy(cq, *child.value())) {
             fully_shard_named(child.value(), cq, group, options);
           }
         }
@@ -204,6 +233,50 @@ void set_requires_gradient_sync(const std::shared_ptr<torch::nn::Module>& root, 
 
 void wait_for_pending(const std::shared_ptr<torch::nn::Module>& root) {
   for (const auto& u : units_of(root)) u->finish_reduce_scatter();
+}
+
+namespace detail {
+
+void rethrow_forward_error(FSDPUnit& unit) {
+  const std::exception_ptr error = std::current_exception();
+  unit.abort_forward();
+  bool from_libtorch = false;
+  std::string what;
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    from_libtorch = true;
+    what = e.what_without_backtrace();
+  } catch (...) {
+  }
+  std::vector<std::string> held;
+  if (from_libtorch && unit.scheduler()) {
+    for (const auto& u : unit.scheduler()->units()) {
+      if (u.get() == &unit) continue;
+      for (const auto& p : u->params()) {
+        if (p.resharded()) held.push_back("'" + p.fqn + "' of unit '" + u->name() + "'");
+      }
+    }
+  }
+  if (held.empty()) std::rethrow_exception(error);
+  std::string list;
+  for (size_t i = 0; i < held.size() && i < 6; ++i) list += (i ? ", " : "") + held[i];
+  if (held.size() > 6) list += str_cat(" and ", held.size() - 6, " more");
+  const std::string first_line = what.substr(0, what.find('\n'));
+  throw Error(ErrorKind::kInvalidArgument, unit.where("forward"),
+              "the forward failed while parameters of other units held no data (outside its own "
+              "forward a unit's parameters are resharded, shape [0]): " + list +
+              ". A module that reads another unit's parameter directly (e.g. an output head tied to an "
+              "embedding that is a unit of its own) must let one unit own both modules (do not wrap the "
+              "inner one), or shard the inner unit with reshard_after_forward=false, which keeps its "
+              "parameters gathered from its forward to the end of its backward (its unsharded bytes for "
+              "that span). libtorch said: " + first_line);
+}
+
+}  // namespace detail
+
+void invalidate_unsharded(const std::shared_ptr<torch::nn::Module>& root) {
+  for (const auto& u : units_of(root)) u->invalidate_unsharded();
 }
 
 }  // namespace fsdp

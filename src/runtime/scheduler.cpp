@@ -2,6 +2,8 @@
 
 #include <torch/csrc/autograd/engine.h>
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 
 #include "fsdp/common/check.h"
@@ -33,7 +35,7 @@ int64_t Scheduler::record_use(FSDPUnit* unit) {
 
 void Scheduler::prefetch_next(int64_t index) {
   const size_t next = static_cast<size_t>(index) + 1;
-  if (next < last_forward_order_.size()) prefetch(last_forward_order_[next]);
+  if (next < last_forward_order_.size()) prefetch(last_forward_order_[next], "forward");
 }
 
 void Scheduler::end_forward(bool grad_enabled) {
@@ -46,7 +48,9 @@ void Scheduler::end_forward(bool grad_enabled) {
 }
 
 void Scheduler::prefetch_previous(int64_t index) {
-  if (index > 0 && index <= static_cast<int64_t>(forward_order_.size())) prefetch(forward_order_[index - 1]);
+  if (index > 0 && index <= static_cast<int64_t>(forward_order_.size())) {
+    prefetch(forward_order_[index - 1], "backward");
+  }
 }
 
 int Scheduler::num_unsharded_counted() const {
@@ -58,11 +62,11 @@ int Scheduler::num_unsharded_counted() const {
   return n;
 }
 
-void Scheduler::prefetch(const std::weak_ptr<FSDPUnit>& which) {
+void Scheduler::prefetch(const std::weak_ptr<FSDPUnit>& which, const char* phase) {
   auto unit = which.lock();
   if (!unit || unit->sharded_state() != ShardedState::kSharded) return;
   if (!is_root(unit.get()) && num_unsharded_counted() >= max_unsharded_units_) return;
-  unit->unshard_async();
+  unit->unshard_async(phase);
 }
 
 void Scheduler::ensure_final_callback() {
@@ -91,6 +95,30 @@ void Scheduler::on_unsharded(int64_t bytes) {
 
 void Scheduler::on_resharded(int64_t bytes) { unsharded_param_bytes_ -= bytes; }
 
+// [Note: accumulation without sync] Gradients accumulated while requires_gradient_sync was false
+// are reduced by the next synced backward. A unit that backward does not reach (used only in the
+// earlier micro-batches) still holds them: after such a series, the ranks agree (one all-reduce of
+// a flag per unit, only then) on the units with pending gradients anywhere, and each reduces them
+// (a rank without any contributes zeros), so no gradient is lost and every rank issues the same
+// collectives even when the micro-batches used units differently across ranks.
+void Scheduler::reduce_accumulated(const std::vector<std::shared_ptr<FSDPUnit>>& alive) {
+  bool any_unsynced = false;
+  for (const auto& u : alive) any_unsynced = any_unsynced || !u->requires_gradient_sync();
+  if (any_unsynced) {
+    unsynced_since_sync_ = true;
+    return;
+  }
+  if (!unsynced_since_sync_ || alive.empty()) return;
+  unsynced_since_sync_ = false;
+  at::Tensor pending = at::zeros({static_cast<int64_t>(alive.size())}, at::kInt);
+  for (size_t i = 0; i < alive.size(); ++i) pending[i] = alive[i]->has_pending_grads() ? 1 : 0;
+  alive.front()->group()->all_reduce(pending, comm::ReduceOp::kMax, comm::OpTag{"", "backward (accumulated)"})->wait();
+  const int* flag = pending.data_ptr<int>();
+  for (size_t i = 0; i < alive.size(); ++i) {
+    if (flag[i]) alive[i]->reduce_pending_grads();
+  }
+}
+
 void Scheduler::final_callback() {
   callback_queued_ = false;
   // Units whose post-backward hook could not run (their inputs need no gradient, e.g. the root
@@ -99,6 +127,7 @@ void Scheduler::final_callback() {
   for (const auto& u : alive) {
     if (u->training_state() == TrainingState::kPreBackward) u->post_backward();
   }
+  reduce_accumulated(alive);
   for (const auto& u : alive) u->finish_reduce_scatter();
   for (const auto& u : alive) u->reshard();
   last_reduce_scatter_.reset();

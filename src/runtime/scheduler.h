@@ -60,12 +60,13 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
 
  private:
   // Issues the all-gather of the unit (if alive) when it is sharded and the bound allows it.
-  void prefetch(const std::weak_ptr<FSDPUnit>& unit);
+  void prefetch(const std::weak_ptr<FSDPUnit>& unit, const char* phase);
   // Units (root excluded, full-param strategies excluded) holding or gathering params now.
   int num_unsharded_counted() const;
-  // End of backward: post-backward of units whose hook could not run, wait for every reduction,
-  // reshard every unit.
+  // End of backward: post-backward of units whose hook could not run, gradients accumulated
+  // without sync, wait for every reduction, reshard every unit.
   void final_callback();
+  void reduce_accumulated(const std::vector<std::shared_ptr<FSDPUnit>>& alive);
 
   using Units = std::vector<std::weak_ptr<FSDPUnit>>;
   const FSDPUnit* root_;
@@ -75,6 +76,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   Units last_forward_order_;  // uses in the last finished forward
   bool in_forward_ = false;
   bool callback_queued_ = false;
+  bool unsynced_since_sync_ = false;  // a backward ran with sync off since the last synced one
   std::weak_ptr<FSDPUnit> last_reduce_scatter_;
   int64_t unsharded_param_bytes_ = 0;
   int64_t peak_unsharded_param_bytes_ = 0;

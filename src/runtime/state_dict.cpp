@@ -17,13 +17,13 @@ at::Tensor gather_full_tensor(FSDPUnit& unit, const FSDPParam& p, bool grad) {
   at::Tensor src = grad ? p.sharded_param.grad() : p.sharded_param;
   at::Tensor has = at::tensor({static_cast<int64_t>(src.defined())}, at::kLong);
   if (grad) {
-    g.all_reduce(has, comm::ReduceOp::kMax)->wait();
+    g.all_reduce(has, comm::ReduceOp::kMax, comm::OpTag{unit.name(), "state_dict"})->wait();
     if (has.item<int64_t>() == 0) return at::Tensor();
   }
   at::Tensor shard = at::zeros({s.rows_per_rank, s.row_numel}, p.sharded_param.options());
   if (src.defined() && rows > 0) shard.narrow(0, 0, rows).copy_(src.reshape({rows, s.row_numel}));
   at::Tensor full = at::empty({s.world_size * s.rows_per_rank, s.row_numel}, shard.options());
-  g.all_gather_into_tensor(full, shard)->wait();
+  g.all_gather_into_tensor(full, shard, comm::OpTag{unit.name(), "state_dict"})->wait();
   return full.narrow(0, 0, s.dim0).reshape(p.shape).clone();
 }
 
@@ -66,6 +66,7 @@ void load_full_state_dict(const std::shared_ptr<torch::nn::Module>& root,
     at::Tensor full = state.at(sp.name).reshape({s.dim0, s.row_numel});
     sp.tensor.view({rows, s.row_numel}).copy_(full.narrow(0, s.row_offset(rank), rows));
   }
+  invalidate_unsharded(root);  // no unit may keep computing with the old values
 }
 
 }  // namespace fsdp

@@ -5,13 +5,13 @@
 namespace fsdp::detail {
 
 AllGatherResult foreach_all_gather(const at::Tensor& sharded_flat, comm::ProcessGroup& group,
-                                   c10::ScalarType param_dtype) {
+                                   c10::ScalarType param_dtype, const comm::OpTag& tag) {
   at::NoGradGuard no_grad;
   AllGatherResult r;
   r.input = sharded_flat.scalar_type() == param_dtype ? sharded_flat : sharded_flat.to(param_dtype);
   // One rank: the all-gather is the identity, so the output is the input (no buffer, no copy).
   r.output = group.size() == 1 ? r.input : at::empty({group.size() * r.input.numel()}, r.input.options());
-  r.work = group.all_gather_into_tensor(r.output, r.input);
+  r.work = group.all_gather_into_tensor(r.output, r.input, tag);
   return r;
 }
 
@@ -33,25 +33,25 @@ void copy_out(AllGatherResult& gather, std::vector<FSDPParam>& params, const sha
 
 ReduceScatterResult foreach_reduce_scatter(std::vector<FSDPParam>& params, const std::vector<int>& index,
                                            const shard::FlatLayout& layout, comm::ProcessGroup& group,
-                                           c10::ScalarType reduce_dtype, const std::string& unit_name) {
+                                           c10::ScalarType reduce_dtype, const comm::OpTag& tag) {
   at::NoGradGuard no_grad;
   const int64_t world = layout.world_size, S = layout.shard_numel();
   ReduceScatterResult r;
   r.input = at::empty({world * S}, at::dtype(reduce_dtype));
   at::Tensor blocks = r.input.view({world, S});
   for (size_t j = 0; j < index.size(); ++j) {
-    params[index[j]].take_unsharded_grad(blocks, layout.offsets[j], unit_name);
+    params[index[j]].take_unsharded_grad(blocks, layout.offsets[j], tag.unit);
   }
   r.output = world == 1 ? r.input : at::empty({S}, at::dtype(reduce_dtype));
-  r.work = group.reduce_scatter_tensor(r.output, r.input, comm::ReduceOp::kAvg);
+  r.work = group.reduce_scatter_tensor(r.output, r.input, comm::ReduceOp::kAvg, tag);
   return r;
 }
 
 void accumulate_reduced(ReduceScatterResult& rs, std::vector<FSDPParam>& params,
                         const std::vector<int>& index, const shard::FlatLayout& layout,
-                        int64_t shard_rank, comm::ProcessGroup* replicate) {
+                        int64_t shard_rank, comm::ProcessGroup* replicate, const comm::OpTag& tag) {
   rs.work->wait();
-  if (replicate) replicate->all_reduce(rs.output, comm::ReduceOp::kAvg)->wait();
+  if (replicate) replicate->all_reduce(rs.output, comm::ReduceOp::kAvg, tag)->wait();
   for (size_t j = 0; j < index.size(); ++j) {
     const auto& s = layout.params[j];
     params[index[j]].accumulate_sharded_grad(

@@ -24,7 +24,7 @@ struct AllGatherResult {
 /// dtype) over `group`: casts it to param_dtype first when that differs (one copy; the bytes on the
 /// wire are param_dtype's), none otherwise. Non-blocking; keep the result alive until copy_out.
 AllGatherResult foreach_all_gather(const at::Tensor& sharded_flat, comm::ProcessGroup& group,
-                                   c10::ScalarType param_dtype);
+                                   c10::ScalarType param_dtype, const comm::OpTag& tag);
 
 /// The unshard of a strategy that does not communicate params (no_shard with a dtype cast): the
 /// cast copy of `sharded_flat`, as the result of an all-gather over one rank.
@@ -44,16 +44,16 @@ struct ReduceScatterResult {
 /// Packs the unsharded gradients of params[index[j]] (layout.params[j]) into one reduce_dtype
 /// buffer (rank-major rows, zero padding, zeros for params without a gradient on this rank),
 /// frees them, and issues the reduce-scatter (average) over `group`. Non-blocking.
-/// `unit_name` names the unit in errors (a gradient whose shape differs from its param's).
+/// `tag` names the unit and phase (also in errors: a gradient whose shape differs from its param's).
 ReduceScatterResult foreach_reduce_scatter(std::vector<FSDPParam>& params, const std::vector<int>& index,
                                            const shard::FlatLayout& layout, comm::ProcessGroup& group,
-                                           c10::ScalarType reduce_dtype, const std::string& unit_name);
+                                           c10::ScalarType reduce_dtype, const comm::OpTag& tag);
 
 /// Waits for `rs`; when `replicate` is given, all-reduces (average) the reduced block over it
 /// (blocking; hybrid_shard's replicas); then adds each param's real rows into its sharded grad.
 /// Blocking. `rs` is released afterwards.
 void accumulate_reduced(ReduceScatterResult& rs, std::vector<FSDPParam>& params,
                         const std::vector<int>& index, const shard::FlatLayout& layout,
-                        int64_t shard_rank, comm::ProcessGroup* replicate);
+                        int64_t shard_rank, comm::ProcessGroup* replicate, const comm::OpTag& tag);
 
 }  // namespace fsdp::detail

@@ -18,6 +18,7 @@
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/export.h"
 #include "mpi_world.h"
+#include "shared_dir.h"
 
 using namespace fsdp_test;
 namespace F = torch::nn::functional;
@@ -29,28 +30,6 @@ namespace {
 
 constexpr int64_t kVocab = 37, kDim = 16, kHeads = 2, kLayers = 2, kCtx = 8;
 constexpr int64_t kGlobalBatch = 12;  // divisible by every group size 1..4
-
-/// A directory shared by the ranks of the world (same path everywhere), removed at the end.
-struct SharedDir {
-  explicit SharedDir(const std::string& tag) {
-    auto g = world();
-    at::Tensor token = at::tensor(
-        {static_cast<int64_t>(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000007)},
-        at::kLong);
-    g->broadcast(token, 0)->wait();
-    path = (fs::temp_directory_path() / ("fsdp-ckpt-" + tag + "-" + std::to_string(token.item<int64_t>())))
-               .string();
-    if (g->rank() == 0) fs::create_directories(path);
-    g->barrier()->wait();
-  }
-  ~SharedDir() {
-    world()->barrier()->wait();
-    std::error_code ec;
-    if (world()->rank() == 0) fs::remove_all(path, ec);
-  }
-  std::string sub(const std::string& name) const { return (fs::path(path) / name).string(); }
-  std::string path;
-};
 
 std::shared_ptr<TinyTransformerImpl> make_transformer(uint64_t seed) {
   torch::manual_seed(seed);

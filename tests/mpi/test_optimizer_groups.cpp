@@ -17,8 +17,10 @@
 #include "../common/scenario_util.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/export.h"
+#include "fsdp/checkpoint/import_optimizer.h"
 #include "fsdp/optim/optimizer_state.h"
 #include "mpi_world.h"
+#include "shared_dir.h"
 
 using namespace fsdp_test;
 namespace F = torch::nn::functional;
@@ -34,28 +36,6 @@ constexpr int64_t kGlobalBatch = 12;  // divisible by every world size 1..4
 constexpr int kSaveAt = 3, kSteps = 6;
 // Per-step tolerances against the single-process reference (fp32).
 constexpr double kLossTol = 1e-6, kRtol = 1e-5, kAtol = 1e-6;
-
-/// A directory shared by the ranks of the world (same path everywhere), removed at the end.
-struct SharedDir {
-  explicit SharedDir(const std::string& tag) {
-    auto g = world();
-    at::Tensor token = at::tensor(
-        {static_cast<int64_t>(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000007)},
-        at::kLong);
-    g->broadcast(token, 0)->wait();
-    path = (fs::temp_directory_path() / ("fsdp-groups-" + tag + "-" + std::to_string(token.item<int64_t>())))
-               .string();
-    if (g->rank() == 0) fs::create_directories(path);
-    g->barrier()->wait();
-  }
-  ~SharedDir() {
-    world()->barrier()->wait();
-    std::error_code ec;
-    if (world()->rank() == 0) fs::remove_all(path, ec);
-  }
-  std::string sub(const std::string& name) const { return (fs::path(path) / name).string(); }
-  std::string path;
-};
 
 std::shared_ptr<TinyTransformerImpl> make_transformer(uint64_t seed, int64_t layers = kLayers) {
   torch::manual_seed(seed);
@@ -177,10 +157,19 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
     case Layout::kDecayFirst: add(decay, true), add(no_decay, false); break;
     case Layout::kNoDecayFirst: add(no_decay, false), add(decay, true); break;
   }
+  // libtorch (2.x) lets a group inherit the optimizer's defaults for every option left at its
+  // constructor default (lr 1e-3 included): each group's options are set again after construction
+  // so that they are exactly the ones above.
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> wanted;
+  for (const auto& g : groups) wanted.push_back(g.options().clone());
+  std::unique_ptr<torch::optim::Optimizer> opt;
   if (kind == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(0.9));
+    opt = std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(0.9));
+  } else {
+    opt = std::make_unique<torch::optim::SGD>(std::move(groups), torch::optim::SGDOptions(0.9));
   }
-  return std::make_unique<torch::optim::SGD>(std::move(groups), torch::optim::SGDOptions(0.9));
+  for (size_t g = 0; g < wanted.size(); ++g) opt->param_groups()[g].set_options(std::move(wanted[g]));
+  return opt;
 }
 
 std::map<std::string, int64_t> global_dims(const std::shared_ptr<torch::nn::Module>& plain) {
@@ -352,7 +341,7 @@ const std::vector<std::string> kKinds = {"adamw", "sgd"};
 // (amsgrad in one group) and SGD (momentum, nesterov in one group).
 TEST(OptimizerGroups, GroupsAreRestoredByMembersNotPosition) {
   auto g = world();
-  SharedDir dir("members");
+  SharedDir dir("groups-members");
   for (const auto s : implemented_strategies()) {
     for (const auto& kind : kKinds) {
       const std::string what = std::string(fsdp::to_string(s)) + " " + kind;
@@ -382,7 +371,7 @@ TEST(OptimizerGroups, GroupsAreRestoredByMembersNotPosition) {
 // and the optimizer are untouched.
 TEST(OptimizerGroups, MismatchedGroupsAreRejected) {
   auto g = world();
-  SharedDir dir("mismatch");
+  SharedDir dir("groups-mismatch");
   for (const auto s : implemented_strategies()) {
     SCOPED_TRACE(fsdp::to_string(s));
     auto ref = make_transformer(41);
@@ -443,7 +432,7 @@ TEST(OptimizerGroups, MismatchedGroupsAreRejected) {
 // other options left as the optimizer has them; training then continues exactly.
 TEST(OptimizerGroups, CheckpointWithoutMembersLoadsByPosition) {
   auto g = world();
-  SharedDir dir("legacy");
+  SharedDir dir("groups-legacy");
   for (const auto s : implemented_strategies()) {
     const std::string what = fsdp::to_string(s);
     SCOPED_TRACE(what);
@@ -485,7 +474,7 @@ TEST(OptimizerGroups, CheckpointWithoutMembersLoadsByPosition) {
 // momentum, with one param group (names from the model's order) and with two groups listed in the
 // other order by the sharded optimizer (names given, as optimizer_param_names computes them).
 TEST(OptimizerGroups, ImportPlainRunContinuesExactly) {
-  SharedDir dir("import");
+  SharedDir dir("groups-import");
   for (const auto s : implemented_strategies()) {
     for (const auto& kind : kKinds) {
       for (const Layout plain_layout : {Layout::kOneGroup, Layout::kDecayFirst}) {
@@ -537,7 +526,7 @@ TEST(OptimizerGroups, ImportPlainRunContinuesExactly) {
 // wrong order), param groups that do not match.
 TEST(OptimizerGroups, ImportErrorsWriteNothing) {
   auto g = world();
-  SharedDir dir("import-errors");
+  SharedDir dir("groups-import-errors");
   const std::string rank_tag = "[fsdp rank " + std::to_string(g->rank()) + "]";
   auto plain = make_transformer(71);
   const auto dims = global_dims(plain);

@@ -57,6 +57,7 @@ class FakeBackend final : public Backend {
   void broadcast(const at::Tensor&, int) override {}
   void barrier() override {}
   std::unique_ptr<Backend> split(int, int) override { return std::make_unique<FakeBackend>(probe_, delay_); }
+  [[noreturn]] void abort_job(int) override { std::abort(); }
 
  private:
   Probe& probe_;

@@ -6,6 +6,7 @@
 #include <c10/core/DeviceType.h>
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -24,7 +25,9 @@ const char* to_string(ReduceOp op);
 ///    kSum followed by a division);
 ///  - all_gather, all_to_all and broadcast get any supported dtype (raw bytes).
 /// Every call blocks until the operation has completed on this rank and throws fsdp::Error (kind
-/// kCollective) naming the op when the transport fails. Implementations need not be thread-safe.
+/// kCollective) naming the op when the transport fails, or (kind kTimeout) when it has not
+/// completed by deadline_s(), waiting without busy-spinning. Implementations need not be
+/// thread-safe.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -54,6 +57,17 @@ class Backend {
   virtual void barrier() = 0;
   /// Collective: the ranks with the same color form a new backend, ordered by (key, rank).
   virtual std::unique_ptr<Backend> split(int color, int key) = 0;
+  /// Ends every process of the job after an unrecoverable failure (a collective that timed out
+  /// cannot be cancelled). Does not return. MPI: MPI_Abort on MPI_COMM_WORLD.
+  [[noreturn]] virtual void abort_job(int code) = 0;
+
+  /// The time (comm::now_s() clock) by which the current operation must complete. Set by
+  /// ProcessGroup before every operation; infinity means no limit.
+  void set_deadline(double deadline_s) { deadline_s_ = deadline_s; }
+  double deadline_s() const { return deadline_s_; }
+
+ private:
+  double deadline_s_ = std::numeric_limits<double>::infinity();
 };
 
 }  // namespace fsdp::comm

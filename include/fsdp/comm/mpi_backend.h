@@ -13,9 +13,9 @@ namespace fsdp::comm {
 /// thread level. Idempotent; call before any other MPI use of the process.
 void init_mpi();
 
-/// The group of all processes (MPI_COMM_WORLD, duplicated). Calls init_mpi() first. Collective:
-/// every process calls it once, before any other fsdp-cpp collective.
-ProcessGroupPtr mpi_world();
+/// The group of all processes (MPI_COMM_WORLD, duplicated), named "world". Calls init_mpi() first.
+/// Collective: every process calls it once, before any other fsdp-cpp collective.
+ProcessGroupPtr mpi_world(const ProcessGroupOptions& options = ProcessGroupOptions::from_env());
 
 /// Backend over one MPI communicator (owned: freed when the backend is destroyed, unless MPI is
 /// already finalized). Tensors live on the CPU; at most INT_MAX elements per collective.
@@ -46,6 +46,7 @@ class MpiBackend final : public Backend {
   void broadcast(const at::Tensor& tensor, int root) override;
   void barrier() override;
   std::unique_ptr<Backend> split(int color, int key) override;
+  [[noreturn]] void abort_job(int code) override;
 
  private:
   MPI_Comm comm_;

@@ -14,33 +14,64 @@
 
 #include "fsdp/comm/backend.h"
 #include "fsdp/comm/comm_stats.h"
+#include "fsdp/comm/flight_recorder.h"
 #include "fsdp/comm/work.h"
 
 namespace fsdp::comm {
+
+/// Settings of a process group, inherited by the groups split from it.
+struct ProcessGroupOptions {
+  /// A collective not complete this many seconds after it started running fails with fsdp::Error
+  /// (kind kTimeout) on this rank, naming the group, the op, its sequence number, bytes, unit and
+  /// phase. A timed-out collective cannot be cancelled: the group is unusable afterwards, the
+  /// flight recorder is written, and the job is aborted abort_grace_s later unless the process has
+  /// ended by then. Default 600 s (PyTorch's), or the environment's FSDP_COLLECTIVE_TIMEOUT_S. > 0.
+  double timeout_s = 600.0;
+  /// Seconds between a timeout and the abort of the job, for the program to report (>= 0).
+  double abort_grace_s = 10.0;
+  /// Abort the job after a timeout (false: only fail the ops; for in-process tests).
+  bool abort_after_timeout = true;
+  /// Where each rank writes its flight recorder (rank-RRRRR.json) on a timeout or a failed or
+  /// mismatched collective; "" writes nothing. Default: FSDP_FLIGHT_RECORDER_DIR.
+  std::string flight_recorder_dir;
+  /// Collectives the flight recorder keeps (the newest).
+  int flight_recorder_entries = 2048;
+
+  /// Defaults, with FSDP_COLLECTIVE_TIMEOUT_S and FSDP_FLIGHT_RECORDER_DIR applied. Throws
+  /// fsdp::Error (kInvalidArgument) for a malformed or non-positive timeout.
+  static ProcessGroupOptions from_env();
+};
 
 /// A group of ranks that run collectives together, over a Backend it owns (the c10d shape).
 ///
 /// Call-order rule: every rank of the group issues the same collectives, with the same sizes and
 /// dtypes, in the same order (as with MPI and NCCL). Every op is validated on the calling thread
 /// (fsdp::Error, kind kInvalidArgument, naming the rank, the op and expected vs actual), numbered
-/// (its sequence number in the group), counted in stats(), then queued and executed in issue order
-/// on the group's communication thread, so the caller may compute while it runs. Every op returns
-/// a Work whose wait() blocks and rethrows the op's error. Tensors passed to an op must stay alive
-/// and untouched until its Work completes. A group of one rank runs its ops inline (a local copy
-/// or nothing) and completes them before returning.
+/// (its sequence number in the group), counted in stats(), recorded in the flight recorder, then
+/// queued and executed in issue order on the group's communication thread, so the caller may
+/// compute while it runs. Every op returns a Work whose wait() blocks and rethrows the op's error.
+/// Tensors passed to an op must stay alive and untouched until its Work completes. A group of one
+/// rank runs its ops inline (a local copy or nothing) and completes them before returning.
+///
+/// [Note: collective check] Before an op moves any data, the ranks exchange a fixed-size
+/// description of it (sequence number, kind, dtype, numel, reduction, root, tag); when any rank's
+/// differs, no data moves and the op fails on every rank with fsdp::Error (kind kMismatch) naming
+/// the sequence number, each side's op, unit and phase, and the ranks that disagree, instead of
+/// pairing wrong buffers or aborting inside MPI. Always on; cost: one all-gather of 120 bytes per
+/// rank per op (docs/architecture.md, "Collectives").
 ///
 /// Tensors: contiguous, on the backend's device (the CPU for MPI and threads), at most the
 /// backend's max_elements() elements, dtype float32, float64, bfloat16, float16, int32, int64 or
 /// uint8 (uint8 for gathers, all-to-all and broadcast only). Reductions of bfloat16/float16 move
 /// the low-precision bytes (an all-to-all of the blocks) and add them up in float32 in rank order,
-/// rounding once at the end: no overflow or rounding in partial sums, half the bytes of a float32
-/// reduction on the wire; a result above the dtype's range becomes inf, which the fp16 loss scaler
-/// is built to detect. Thread-safe: any thread may issue ops; their order is the order of issue.
+/// rounding once at the end ([Note: low-precision reductions]). Thread-safe: any thread may issue
+/// ops; their order is the order of issue.
 class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
  public:
-  /// Wraps `backend` (owned). `stats`: counters shared with the group this one was split from
-  /// (null: new counters). Starts the communication thread when the group has more than one rank.
-  explicit ProcessGroup(std::unique_ptr<Backend> backend, std::shared_ptr<CommStats> stats = nullptr);
+  /// Wraps `backend` (owned). The group is named `name` in records and errors. Starts the
+  /// communication thread when the group has more than one rank.
+  ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options = ProcessGroupOptions::from_env(),
+               std::string name = "world");
   /// Finishes every queued op, stops the communication thread, then destroys the backend.
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
@@ -52,51 +83,88 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   int size() const { return size_; }
   /// Backend name, e.g. "mpi" or "threaded".
   const std::string& backend_name() const { return backend_name_; }
+  /// "world", "world/split(3)", ...
+  const std::string& name() const { return name_; }
+  const ProcessGroupOptions& options() const { return options_; }
 
   /// output (size()*n elements) = concat over ranks r of rank r's input (n elements), rank-major.
   /// Shapes are free; only numel and dtype matter.
-  WorkPtr all_gather_into_tensor(at::Tensor output, at::Tensor input);
+  WorkPtr all_gather_into_tensor(at::Tensor output, at::Tensor input, const OpTag& tag = {});
 
   /// output (n elements) = reduce over ranks of input[rank*n : (rank+1)*n] (input: size()*n
   /// elements). op: kSum, kAvg, kMax or kMin. output may alias input's block of this rank.
-  WorkPtr reduce_scatter_tensor(at::Tensor output, at::Tensor input, ReduceOp op = ReduceOp::kSum);
+  WorkPtr reduce_scatter_tensor(at::Tensor output, at::Tensor input, ReduceOp op = ReduceOp::kSum,
+                                const OpTag& tag = {});
 
   /// tensor = reduce over ranks of tensor, in place; bitwise the same on every rank.
-  WorkPtr all_reduce(at::Tensor tensor, ReduceOp op = ReduceOp::kSum);
+  WorkPtr all_reduce(at::Tensor tensor, ReduceOp op = ReduceOp::kSum, const OpTag& tag = {});
 
   /// output block q (n elements) = rank q's input block rank() (input and output: size()*n).
-  WorkPtr all_to_all(at::Tensor output, at::Tensor input);
+  WorkPtr all_to_all(at::Tensor output, at::Tensor input, const OpTag& tag = {});
 
   /// tensor on every rank = tensor of rank root (a rank of this group), in place.
-  WorkPtr broadcast(at::Tensor tensor, int root);
+  WorkPtr broadcast(at::Tensor tensor, int root, const OpTag& tag = {});
 
   /// Completes once every rank of the group has issued its barrier.
-  WorkPtr barrier();
+  WorkPtr barrier(const OpTag& tag = {});
 
   /// Collective over this group (blocking): ranks with the same color form a new group, ordered by
-  /// (key, rank), sharing this group's stats(). Every rank must call it in the same order as its
-  /// other collectives.
+  /// (key, rank), sharing this group's stats(), flight recorder and options, named
+  /// name() + "/split(color)". Every rank must call it in the same order as its other collectives.
   std::shared_ptr<ProcessGroup> split(int color, int key);
 
   /// Counters of this group and of every group split from it (one object per family of groups).
   CommStats& stats() { return *stats_; }
   std::shared_ptr<CommStats> stats_ptr() const { return stats_; }
+  /// The flight recorder of the family.
+  FlightRecorder& flight_recorder() { return *recorder_; }
+  /// Writes the flight recorder to options().flight_recorder_dir (if set) as this process's file;
+  /// returns the path ("" when not written). Not collective.
+  std::string dump_flight_recorder(const std::string& reason);
 
  private:
+  struct Family;  // what split groups share: stats, recorder, the root group's rank and size
+  ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options, std::string name,
+               std::shared_ptr<Family> family);
+
+  // The fixed-size description exchanged by the collective check.
+  struct Signature {
+    int64_t seq;
+    int32_t kind;
+    int32_t dtype;
+    int64_t numel;
+    int32_t reduce_op;
+    int32_t root;
+    char unit[64];
+    char phase[24];
+  };
   struct Op {
     CollectiveKind kind;
     bool counted;
     int64_t bytes;
     int64_t seq;
+    Signature signature;
+    uint64_t record_id;
     std::function<void()> fn;
     WorkPtr work;
   };
-  // Numbers, counts and queues fn (runs it inline for a group of one rank); logical_bytes < 0
-  // keeps the op out of stats() (set-up, e.g. split).
-  WorkPtr enqueue(CollectiveKind kind, int64_t logical_bytes, std::function<void()> fn);
+  struct Described {  // what enqueue needs to know of an op
+    CollectiveKind kind;
+    const at::Tensor* tensor;  // the tensor that sizes it (input; null for barrier, split)
+    ReduceOp reduce_op;
+    int root;
+    const OpTag* tag;
+    int64_t logical_bytes;  // < 0: not counted in stats (set-up)
+  };
+  WorkPtr enqueue(const Described& d, std::function<void()> fn);
   void worker_loop();
-  // Runs one op, records its time, releases its tensors, completes its Work.
+  // Runs one op: check, deadline, fn; records times, releases tensors, completes the Work.
   void run_op(Op& op);
+  // The collective check: throws kMismatch on every rank when the signatures differ.
+  void check_same_op(const Op& op);
+  // A failure that leaves the group unusable (timeout): record, dump, arm the abort.
+  void on_unrecoverable(const std::string& what);
+  std::string describe(const Signature& s) const;
   // Validation on the calling thread.
   void check_tensor(const char* op, const char* what, const at::Tensor& t) const;
   // bf16/fp16 reductions: all-to-all of the blocks, float32 sum in rank order, one rounding.
@@ -107,12 +175,17 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   int rank_;
   int size_;
   std::string backend_name_;
+  ProcessGroupOptions options_;
+  std::string name_;
+  std::shared_ptr<Family> family_;
   std::shared_ptr<CommStats> stats_;
+  std::shared_ptr<FlightRecorder> recorder_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> queue_;
   int64_t next_seq_ = 0;
   bool stopping_ = false;
+  std::string broken_;  // why the group is unusable ("" while usable); guarded by mu_
   std::thread worker_;
 };
 
@@ -121,6 +194,6 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 /// Every rank's `mine`, in rank order (element r is rank r's string; any lengths, any bytes).
 /// Collective and blocking over group: two all-gathers (the lengths as int64, then the bytes
 /// padded to the longest). Throws fsdp::Error when a collective fails.
-std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& mine);
+std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& mine, const OpTag& tag = {});
 
 }  // namespace fsdp::comm

@@ -41,10 +41,13 @@ struct FSDPParam {
   /// storage when `alias` is true and is freed otherwise. spec must be set. Not collective.
   void init_shard(const at::Tensor& storage, int64_t rank, c10::ScalarType param_dtype, bool alias);
 
-  /// Allocates unsharded_padded's storage (no-op when allocated).
+  /// Allocates unsharded_padded's storage (no-op when allocated) and points module_param at it.
   void alloc_unsharded();
-  /// Frees unsharded_padded's storage (0 bytes); module_param keeps its shape, holds no data.
+  /// Frees unsharded_padded's storage (0 bytes); module_param then holds an empty tensor (shape
+  /// [0]) until the next alloc_unsharded.
   void free_unsharded();
+  /// True while module_param holds no data (freed, and the param is not empty itself).
+  bool resharded() const;
   /// Bytes of the unsharded padded storage when allocated.
   int64_t unsharded_bytes() const;
   /// Bytes of unsharded storage allocated now (0 when freed).
@@ -58,6 +61,8 @@ struct FSDPParam {
   /// there is no gradient on this rank), then frees the unsharded gradient. Throws fsdp::Error
   /// (naming `where`) when the gradient's shape differs from the param's.
   void take_unsharded_grad(const at::Tensor& blocks, int64_t offset, const std::string& where);
+  /// Points module_param's data at unsharded_padded's first dim0 rows, in the param's shape.
+  void point_module_param_at_unsharded();
   /// sharded_param.grad() += piece (cast to the param's dtype), or = a copy when undefined.
   /// piece: (real_rows, d1, ...) or anything of that numel.
   void accumulate_sharded_grad(const at::Tensor& piece);

@@ -27,6 +27,7 @@ inline std::ostream& operator<<(std::ostream& os, TrainingState s) { return os <
 inline std::ostream& operator<<(std::ostream& os, ShardedState s) { return os << to_string(s); }
 
 namespace detail {
+class BufferCast;
 class Scheduler;
 class SubGroupCache;
 class DdpReducer;
@@ -92,13 +93,20 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   ShardedState sharded_state() const { return sharded_state_; }
   bool is_root() const;
 
-  /// Issues the all-gather of this unit's params (non-blocking). No-op unless kSharded.
-  void unshard_async();
+  /// Issues the all-gather of this unit's params (non-blocking). No-op unless kSharded. `phase`
+  /// tags the collective ("forward", "backward", ...) for the cross-rank check and the flight
+  /// recorder.
+  void unshard_async(const char* phase = "unshard");
   /// Makes the params usable: issues the all-gather if needed, waits, copies the output into the
   /// params' unsharded storage. Blocks. Throws fsdp::Error if the all-gather failed.
-  void unshard();
+  void unshard(const char* phase = "unshard");
   /// Frees the unsharded storage (resize to 0 bytes). Params keep their shapes but hold no data.
   void reshard();
+  /// The shards were written outside the unit's own steps (a state dict or checkpoint load):
+  /// drops any unsharded copy, so the next use all-gathers the current rows. Waits for an
+  /// all-gather in flight; zero1's persistent full params are kept but marked stale. Not
+  /// collective. Throws fsdp::Error (kState) inside this unit's forward.
+  void invalidate_unsharded();
 
   /// When false, post-backward keeps the unsharded gradients (accumulating over backward passes)
   /// and issues no reduce-scatter; the next backward with true reduces everything accumulated.
@@ -109,12 +117,22 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   std::vector<at::Tensor> pre_forward(std::vector<at::Tensor> inputs);
   std::vector<at::Tensor> post_forward(std::vector<at::Tensor> outputs);
   void pre_backward(int64_t forward_index);
+  /// The forward between pre_forward and post_forward threw: back to IDLE (the root also ends its
+  /// tree's forward and reshards), so the program may run the model again.
+  void abort_forward();
   void post_backward();
   /// Waits for this unit's in-flight gradient reduction and adds its result to the sharded grads:
   /// the reduce-scatter (plus, for hybrid_shard, the all-reduce across replicas, blocking); for
   /// no_shard, at the end of a backward the unit took part in, first issues every bucket not issued
   /// yet (parameters without a gradient contribute zeros), then waits for all of them.
   void finish_reduce_scatter();
+  /// True when a trainable param holds an unsharded gradient not reduced yet (accumulated while
+  /// requires_gradient_sync was false).
+  bool has_pending_grads() const;
+  /// End of a synced backward in which this unit took no part: issues the reduction of the
+  /// gradients it accumulated earlier (params without one contribute zeros). Collective over the
+  /// unit's groups; the scheduler calls it on every rank for the same units.
+  void reduce_pending_grads();
 
   /// Bytes this rank holds for the sharded params (padding included) / sharded grads.
   int64_t sharded_param_bytes() const;
@@ -135,6 +153,8 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
 
  private:
   void init_shards();
+  void build_reduce_layout();
+  void follow_requires_grad();
   void lazy_init_root();
   bool reshard_after_forward() const;
   bool params_fresh() const;  // lazy gather: the full params hold the current sharded rows
@@ -167,6 +187,7 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   std::unique_ptr<detail::ReduceScatterResult> reduce_;
   std::shared_ptr<detail::DdpReducer> reducer_;  // GradSync::kBuckets only
   std::shared_ptr<detail::Scheduler> scheduler_;
+  std::unique_ptr<detail::BufferCast> buffer_cast_;  // buffer_dtype: buffers cast during forward
   // Lazy gather: versions of the sharded params when the full params were last gathered.
   std::vector<int64_t> gathered_versions_;
   bool grads_reduced_since_gather_ = false;  // a reduced gradient may have been applied

@@ -95,6 +95,13 @@ void set_requires_gradient_sync(const std::shared_ptr<torch::nn::Module>& root, 
 /// applied (called automatically at the end of each backward).
 void wait_for_pending(const std::shared_ptr<torch::nn::Module>& root);
 
+/// Drops every unsharded copy of the params under root (FSDPUnit::invalidate_unsharded), so that
+/// the next forward all-gathers the current shards. load_full_state_dict, checkpoint::load_sharded
+/// and checkpoint::import_full call it; call it after writing the fsdp::parameters() tensors
+/// yourself outside an optimizer step (a unit gathered by a forward without backward, the root or
+/// a shard_grad_op unit, would otherwise keep computing with the old values). Not collective.
+void invalidate_unsharded(const std::shared_ptr<torch::nn::Module>& root);
+
 namespace detail {
 // Applies the unit's pre_forward to the at::Tensor arguments of a call and post_forward to the
 // tensors of the result; see fsdp::call.
@@ -150,14 +157,22 @@ const torch::nn::Module* module_ptr(const Holder& m) {
   }
 }
 
+// The unit's forward threw (called from a catch block): puts the unit back to IDLE and rethrows.
+// A libtorch error while parameters of other units of the tree hold no data (resharded) becomes an
+// fsdp::Error naming them and the remedies (a parameter used outside its unit's forward).
+[[noreturn]] void rethrow_forward_error(FSDPUnit& unit);
+
 template <typename Holder, typename... Args, size_t... I>
 auto call_unit(FSDPUnit& unit, Holder& m, std::index_sequence<I...> seq, Args&&... args) {
   std::vector<at::Tensor> inputs;
   (collect_tensor(inputs, args), ...);
   std::vector<at::Tensor> replaced = unit.pre_forward(std::move(inputs));
   constexpr auto idx = tensor_indices<Args...>(seq);
-  return apply_post_forward(
-      unit, m->forward(take_arg(std::forward<Args>(args), replaced, idx[I])...));
+  try {
+    return apply_post_forward(unit, m->forward(take_arg(std::forward<Args>(args), replaced, idx[I])...));
+  } catch (...) {
+    rethrow_forward_error(unit);
+  }
 }
 }  // namespace detail
 

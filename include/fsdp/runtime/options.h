@@ -41,8 +41,10 @@ struct MixedPrecisionPolicy {
   std::optional<c10::ScalarType> output_dtype;
   /// Cast the unit's floating-point tensor inputs to param_dtype before forward.
   bool cast_forward_inputs = true;
-  /// Buffers (running statistics and other non-parameter state) keep their dtype unless this is
-  /// set; then the unit's floating-point buffers are cast to it once, at fully_shard time.
+  /// dtype the unit's floating-point buffers (running statistics and other non-parameter state)
+  /// are computed with during its forward (none: their own dtype). The stored buffers keep their
+  /// dtype: the forward sees cast copies, whose values (statistics updated in forward) are written
+  /// back afterwards, so state dicts and checkpoints keep full precision.
   std::optional<c10::ScalarType> buffer_dtype;
 };
 
@@ -63,6 +65,11 @@ struct FullyShardOptions {
   bool forward_prefetch = false;
   /// Issue the previous unit's all-gather (reverse forward order) at each pre-backward.
   bool backward_prefetch = true;
+  /// Overwrite every buffer of the tree with rank 0's values at each forward of the root in
+  /// training mode (DDP's broadcast_buffers): running statistics stay equal across ranks, and
+  /// checkpoints hold the same values whichever rank writes them. One broadcast per buffer dtype;
+  /// none for a model without buffers. Read from the root unit.
+  bool sync_buffers = true;
   /// Upper bound on units of one tree holding unsharded params at once, prefetched ones included;
   /// the root unit (unsharded through the whole step) and units whose strategy keeps full params
   /// (kNoShard, kZero1) are not counted. Prefetch is skipped when the bound is reached. A property

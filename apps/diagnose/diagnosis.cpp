@@ -1,0 +1,178 @@
+#include "diagnose/diagnosis.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+namespace apps::diagnose {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ranks_text(const std::vector<int>& rs) {
+  std::ostringstream os;
+  os << (rs.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < rs.size(); ++i) {
+    if (i) os << (i + 1 == rs.size() ? " and " : ", ");
+    os << rs[i];
+  }
+  return os.str();
+}
+
+std::string describe(const Entry& e) {
+  std::ostringstream os;
+  os << "#" << e.seq << " (" << e.kind;
+  if (!e.unit.empty()) os << ", unit " << e.unit;
+  if (!e.phase.empty()) os << ", " << e.phase;
+  if (e.group != "world") os << ", group " << e.group;
+  os << ")";
+  return os.str();
+}
+
+// Where a rank waits: the collective that timed out, else the one running, else the oldest
+// queued.
+const Entry* waiting_in(const Dump& d) {
+  const Entry* best = nullptr;
+  auto rank_of = [](const std::string& s) { return s == "timed out" ? 3 : s == "running" ? 2 : s == "queued" ? 1 : 0; };
+  for (const auto& e : d.records) {
+    const int r = rank_of(e.state);
+    if (r == 0) continue;
+    if (!best || r > rank_of(best->state)) best = &e;
+  }
+  return best;
+}
+
+const Entry* last_completed(const Dump& d, const std::string& group) {
+  const Entry* best = nullptr;
+  for (const auto& e : d.records) {
+    if (e.group == group && e.state == "completed" && (!best || e.seq > best->seq)) best = &e;
+  }
+  return best;
+}
+
+}  // namespace
+
+std::vector<Dump> read_dumps(const std::string& dir, std::vector<std::string>* problems) {
+  if (!fs::is_directory(dir)) throw std::runtime_error("'" + dir + "' is not a directory of flight-recorder dumps");
+  std::vector<Dump> out;
+  for (const auto& f : fs::directory_iterator(dir)) {
+    const std::string name = f.path().filename().string();
+    if (name.rfind("rank-", 0) != 0 || f.path().extension() != ".json") continue;
+    try {
+      std::ifstream in(f.path());
+      nlohmann::json j = nlohmann::json::parse(in);
+      Dump d;
+      d.rank = j.at("rank").get<int>();
+      d.world_size = j.value("world_size", 0);
+      d.reason = j.value("reason", "");
+      for (const auto& r : j.at("records")) {
+        Entry e;
+        e.group = r.value("group", "world");
+        e.kind = r.value("kind", "");
+        e.dtype = r.value("dtype", "");
+        e.unit = r.value("unit", "");
+        e.phase = r.value("phase", "");
+        e.state = r.value("state", "");
+        e.error = r.value("error", "");
+        e.seq = r.value("seq", 0LL);
+        e.numel = r.value("numel", 0LL);
+        e.bytes = r.value("bytes", 0LL);
+        d.records.push_back(std::move(e));
+      }
+      out.push_back(std::move(d));
+    } catch (const std::exception& e) {
+      if (problems) problems->push_back(name + ": not a flight-recorder dump (" + e.what() + ")");
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const Dump& a, const Dump& b) { return a.rank < b.rank; });
+  return out;
+}
+
+std::string diagnose(const std::vector<Dump>& dumps, int world_size) {
+  if (dumps.empty()) return "No flight-recorder dumps: no rank recorded a collective timeout or error.";
+  if (world_size <= 0) {
+    for (const auto& d : dumps) world_size = std::max(world_size, d.world_size);
+  }
+  std::ostringstream os;
+  // Disagreements the ranks detected themselves (the collective check).
+  for (const auto& d : dumps) {
+    for (const auto& e : d.records) {
+      if (e.state == "failed" && e.error.find("ranks disagree") != std::string::npos) {
+        const auto at = e.error.find("ranks disagree");
+        os << "The ranks disagreed at " << describe(e) << ": " << e.error.substr(at) << " ";
+        goto waits;  // every rank reports the same verdict: once is enough
+      }
+    }
+  }
+waits:
+  {
+    // Who waits where.
+    std::map<std::string, std::vector<int>> waiting;  // description -> ranks
+    std::map<std::string, const Entry*> waiting_entry;
+    std::vector<int> idle;
+    std::set<int> present;
+    for (const auto& d : dumps) {
+      present.insert(d.rank);
+      if (const Entry* e = waiting_in(d)) {
+        waiting[describe(*e)].push_back(d.rank);
+        waiting_entry[describe(*e)] = e;
+      } else {
+        idle.push_back(d.rank);
+      }
+    }
+    bool first = true;
+    for (const auto& [what, rs] : waiting) {
+      const bool timed_out = waiting_entry[what]->state == "timed out";
+      os << (first ? "" : "; ") << ranks_text(rs) << (timed_out ? (rs.size() == 1 ? " timed out" : " timed out")
+                                                               : (rs.size() == 1 ? " waits" : " wait"))
+         << " in " << what;
+      const Entry* e = waiting_entry[what];
+      if (e->bytes > 0) os << " of " << e->bytes << " bytes";
+      first = false;
+    }
+    if (!first) os << ". ";
+    // Ranks that left no dump: the last collective the others completed (with them) in the group
+    // of the wait.
+    std::vector<int> missing;
+    for (int r = 0; r < world_size; ++r) {
+      if (!present.count(r)) missing.push_back(r);
+    }
+    if (!missing.empty()) {
+      os << ranks_text(missing) << " left no dump";
+      std::string group = "world";
+      if (!waiting.empty()) group = waiting_entry.begin()->second->group;
+      const Entry* met = nullptr;
+      for (const auto& d : dumps) {
+        const Entry* c = last_completed(d, group);
+        if (c && (!met || c->seq < met->seq)) met = c;  // what every live rank completed
+      }
+      if (met) {
+        os << " (stopped, killed or stuck outside fsdp-cpp); the others last completed " << describe(*met)
+           << " with " << (missing.size() == 1 ? "it" : "them");
+        if (!waiting.empty()) os << ", so " << (missing.size() == 1 ? "it has" : "they have") << " not joined the next one";
+      }
+      os << ". ";
+    }
+    if (!idle.empty()) {
+      os << ranks_text(idle) << (idle.size() == 1 ? " has" : " have") << " no collective pending";
+      for (int r : idle) {
+        for (const auto& d : dumps) {
+          if (d.rank != r) continue;
+          if (const Entry* c = last_completed(d, "world")) os << " (rank " << r << " last completed " << describe(*c) << ")";
+        }
+      }
+      os << ". ";
+    }
+  }
+  std::string text = os.str();
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  return text;
+}
+
+}  // namespace apps::diagnose

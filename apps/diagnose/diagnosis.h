@@ -1,0 +1,33 @@
+// fsdp-diagnose: reads the flight-recorder dumps of a job's ranks (DIR/rank-RRRRR.json, written on
+// a collective timeout or error) and says in one paragraph who is where.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace apps::diagnose {
+
+/// One collective of one rank's dump.
+struct Entry {
+  std::string group, kind, dtype, unit, phase, state, error;
+  long long seq = 0, numel = 0, bytes = 0;
+};
+
+/// One rank's dump.
+struct Dump {
+  int rank = -1;
+  int world_size = 0;
+  std::string reason;
+  std::vector<Entry> records;
+};
+
+/// Reads every rank-*.json of dir (sorted by rank). Unreadable files are skipped and reported in
+/// *problems (one line each). Throws std::runtime_error when dir does not exist.
+std::vector<Dump> read_dumps(const std::string& dir, std::vector<std::string>* problems);
+
+/// The paragraph: which ranks wait in which collective (number, kind, unit, phase, group), which
+/// ranks left no dump and where the others last met them, and disagreements the ranks reported.
+/// world_size 0: taken from the dumps.
+std::string diagnose(const std::vector<Dump>& dumps, int world_size = 0);
+
+}  // namespace apps::diagnose

@@ -1,0 +1,31 @@
+// How fsdp-train ends after a failure: which errors every rank agrees on (one message from rank 0,
+// a clean exit), and which need the job aborted because a peer may be blocked in a collective.
+//
+// Exit codes: 0 done (or --help); 2 a bad flag or setting (rank 0 prints it once, every rank
+// exits); 1 a failure every rank reached together (a checkpoint operation, ranks that ran
+// different collectives: rank 0 prints it, every rank exits); otherwise the error is printed by
+// each rank that hits it, with its rank, and the job is aborted. A collective timeout also prints
+// the diagnosis of the flight-recorder dumps (which ranks wait where, which rank left no dump)
+// from the lowest live rank before the abort.
+#pragma once
+
+#include <exception>
+#include <string>
+
+#include "fsdp/comm/process_group.h"
+#include "train/train_config.h"
+
+namespace apps::train {
+
+/// This process's rank in MPI_COMM_WORLD (0 before MPI is initialised).
+int world_rank();
+
+/// The world group's options: --collective-timeout / FSDP_COLLECTIVE_TIMEOUT_S, and the flight
+/// recorder directory (--flight-recorder-dir, FSDP_FLIGHT_RECORDER_DIR, flight-recorder/ beside
+/// --metrics, ./flight-recorder). Throws UsageError for a malformed environment value.
+fsdp::comm::ProcessGroupOptions group_options(const TrainConfig& config);
+
+/// Reports `error` as described above and returns the exit code (or aborts the job).
+int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder_dir);
+
+}  // namespace apps::train

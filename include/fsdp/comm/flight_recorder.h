@@ -1,0 +1,65 @@
+// FlightRecorder: the last collectives a process issued, with their state, for diagnosing a job
+// that stalled or diverged (PyTorch's NCCL flight recorder, for any backend).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm/comm_stats.h"
+
+namespace fsdp::comm {
+
+/// What a collective is for: the FSDP unit and the phase. Carried into the cross-rank check, the
+/// flight recorder and error messages; empty for plain collectives.
+struct OpTag {
+  std::string unit;   ///< FSDP unit name ("" when none)
+  std::string phase;  ///< "forward", "backward", "optimizer", "checkpoint", ... ("" when none)
+};
+
+/// Where a collective stands on this rank.
+enum class OpState { kQueued, kRunning, kCompleted, kFailed, kTimedOut };
+/// "queued", "running", "completed", "failed", "timed out".
+const char* to_string(OpState state);
+
+/// One collective as this rank saw it. Times in seconds on the comm::now_s() clock (-1: not yet).
+struct CollectiveRecord {
+  std::string group;     ///< the group's name, e.g. "world" or "world/split(1)"
+  int64_t seq = 0;       ///< sequence number within the group (0, 1, ... in issue order)
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  std::string dtype;     ///< "float32", "bfloat16", ... ("" for barrier and split)
+  int64_t numel = 0;     ///< elements of the input (broadcast/all-reduce: of the tensor)
+  int64_t bytes = 0;     ///< logical bytes as counted by CommStats
+  OpTag tag;
+  double issue_s = -1, start_s = -1, end_s = -1;
+  OpState state = OpState::kQueued;
+  std::string error;     ///< what() of the failure (kFailed)
+};
+
+/// The last `capacity` collectives of a family of process groups (a group and the groups split
+/// from it share one recorder). Thread-safe.
+class FlightRecorder {
+ public:
+  explicit FlightRecorder(size_t capacity = 2048);
+  /// Adds a record in state kQueued; returns its id for the updates below.
+  uint64_t add(CollectiveRecord record);
+  void mark_running(uint64_t id, double start_s);
+  void mark_done(uint64_t id, double end_s, OpState state, const std::string& error);
+  /// The records kept, oldest first.
+  std::vector<CollectiveRecord> records() const;
+  /// Writes {"rank", "world_size", "reason", "time_s", "records": [...]} as JSON to
+  /// DIR/rank-RRRRR.json (DIR created if missing), `rank` being this process's rank in the root
+  /// group of the family. Returns the path, or "" when writing failed (never throws).
+  std::string dump(const std::string& dir, int rank, int world_size, const std::string& reason) const;
+
+ private:
+  mutable std::mutex mu_;
+  size_t capacity_;
+  uint64_t next_id_ = 0;
+  std::deque<std::pair<uint64_t, CollectiveRecord>> records_;  // (id, record), ids increasing
+  CollectiveRecord* find(uint64_t id);
+};
+
+}  // namespace fsdp::comm

@@ -1,0 +1,96 @@
+#include "fsdp/comm/flight_recorder.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace fsdp::comm {
+
+const char* to_string(OpState state) {
+  switch (state) {
+    case OpState::kQueued: return "queued";
+    case OpState::kRunning: return "running";
+    case OpState::kCompleted: return "completed";
+    case OpState::kFailed: return "failed";
+    case OpState::kTimedOut: return "timed out";
+  }
+  return "?";
+}
+
+FlightRecorder::FlightRecorder(size_t capacity) : capacity_(capacity == 0 ? 1 : capacity) {}
+
+uint64_t FlightRecorder::add(CollectiveRecord record) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = next_id_++;
+  records_.emplace_back(id, std::move(record));
+  while (records_.size() > capacity_) records_.pop_front();
+  return id;
+}
+
+CollectiveRecord* FlightRecorder::find(uint64_t id) {
+  if (records_.empty() || id < records_.front().first) return nullptr;  // evicted
+  const size_t i = static_cast<size_t>(id - records_.front().first);
+  return i < records_.size() ? &records_[i].second : nullptr;
+}
+
+void FlightRecorder::mark_running(uint64_t id, double start_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto* r = find(id)) {
+    r->state = OpState::kRunning;
+    r->start_s = start_s;
+  }
+}
+
+void FlightRecorder::mark_done(uint64_t id, double end_s, OpState state, const std::string& error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto* r = find(id)) {
+    r->state = state;
+    r->end_s = end_s;
+    r->error = error;
+  }
+}
+
+std::vector<CollectiveRecord> FlightRecorder::records() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<CollectiveRecord> out;
+  out.reserve(records_.size());
+  for (const auto& [id, r] : records_) out.push_back(r);
+  return out;
+}
+
+std::string FlightRecorder::dump(const std::string& dir, int rank, int world_size,
+                                 const std::string& reason) const {
+  try {
+    nlohmann::json j;
+    j["rank"] = rank;
+    j["world_size"] = world_size;
+    j["reason"] = reason;
+    j["time_s"] = now_s();
+    j["records"] = nlohmann::json::array();
+    for (const auto& r : records()) {
+      j["records"].push_back({{"group", r.group}, {"seq", r.seq}, {"kind", to_string(r.kind)},
+                              {"dtype", r.dtype}, {"numel", r.numel}, {"bytes", r.bytes},
+                              {"unit", r.tag.unit}, {"phase", r.tag.phase}, {"issue_s", r.issue_s},
+                              {"start_s", r.start_s}, {"end_s", r.end_s}, {"state", to_string(r.state)},
+                              {"error", r.error}});
+    }
+    std::filesystem::create_directories(dir);
+    char name[32];
+    std::snprintf(name, sizeof(name), "rank-%05d.json", rank);
+    const std::string path = (std::filesystem::path(dir) / name).string();
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << j.dump(1) << "\n";
+      if (!out) return "";
+    }
+    std::filesystem::rename(tmp, path);
+    return path;
+  } catch (...) {
+    return "";
+  }
+}
+
+}  // namespace fsdp::comm

@@ -1,0 +1,43 @@
+// Buffers of an FSDP tree (internal): running statistics and other non-parameter state, which DDP
+// keeps equal across ranks by broadcasting them, and which mixed precision computes with in
+// another dtype without changing what is stored. docs/architecture.md, "[Note: buffers]".
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm/process_group.h"
+
+namespace fsdp::detail {
+
+/// The buffers of `module`'s subtree that no nested unit owns (the ones a unit computes with).
+std::vector<at::Tensor> unit_buffers(torch::nn::Module& module);
+
+/// Overwrites every buffer of `root`'s whole tree with rank 0's values: one broadcast per dtype
+/// of the buffers packed together, none when there are no buffers. Collective and blocking over
+/// `group`.
+void broadcast_buffers(torch::nn::Module& root, comm::ProcessGroup& group);
+
+/// A unit's floating-point buffers, computed with in `dtype` between begin() and end() while the
+/// stored buffers keep their own dtype: begin() points each buffer at a cast copy, end() writes
+/// the copy's values back (running statistics updated during forward) and restores the original.
+class BufferCast {
+ public:
+  void begin(const std::vector<at::Tensor>& buffers, c10::ScalarType dtype);
+  void end();
+  bool active() const { return !saved_.empty(); }
+
+ private:
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved_;  // (buffer object, its original data)
+};
+
+/// The first module of `module`'s subtree (no nested unit) that keeps running statistics
+/// (a buffer named running_mean or running_var: BatchNorm, InstanceNorm with tracking), as
+/// "qualified.name (TypeName)", or nullopt.
+std::optional<std::string> find_running_stats_module(torch::nn::Module& module);
+
+}  // namespace fsdp::detail
