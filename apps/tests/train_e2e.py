@@ -95,31 +95,44 @@ def read_sharded_tensor(ckpt, manifest, name):
 def write_libtorch_adamw(path, groups, state):
     """Writes what libtorch's torch::save(optimizer, path) writes for a torch::optim::AdamW (the
     layout of torch/optim/serialize.h): groups = [(param keys, options)], state = key -> (step,
-    exp_avg, exp_avg_sq). Python scripts nested modules whose entries have libtorch's names."""
+    exp_avg, exp_avg_sq). Like libtorch's OutputArchive, each archive is a bare TorchScript module
+    whose entries are attributes (a scripted nn.Module would add a 'training' entry)."""
     import torch
-
-    class Entry(torch.nn.Module):
-        pass
+    cu = torch._C.CompilationUnit()
+    T = torch._C
 
     def node(entries):
-        m = Entry()
+        m = T.ScriptModule("__torch__.Module", cu, True)
         for k, v in entries.items():
-            if isinstance(v, torch.nn.Module):
-                m.add_module(k, v)
-            elif isinstance(v, torch.Tensor) and k.endswith("/size"):  # written as parameters
-                m.register_parameter(k, torch.nn.Parameter(v, requires_grad=False))
+            if isinstance(v, T.ScriptModule):
+                typ = v._type()
+            elif isinstance(v, torch.Tensor):
+                typ = T.TensorType.get()
+            elif isinstance(v, bool):
+                typ = T.BoolType.get()
+            elif isinstance(v, int):
+                typ = T.IntType.get()
+            elif isinstance(v, float):
+                typ = T.FloatType.get()
+            elif isinstance(v, str):
+                typ = T.StringType.get()
+            elif isinstance(v, tuple):
+                typ = T.TupleType([T.FloatType.get()] * len(v))
             else:
-                setattr(m, k, v)
+                raise TypeError("%s: %r" % (k, v))
+            m._register_attribute(k, typ, v)
         return m
 
     pg = {"param_groups/size": torch.tensor(len(groups))}
     for i, (keys, o) in enumerate(groups):
-        g = {"params/size": torch.tensor(len(keys)), "options": node(o)}
+        g = {"params/size": torch.tensor(len(keys))}
         g.update({"params/%d" % j: k for j, k in enumerate(keys)})
+        g["options"] = node(o)
         pg["param_groups/%d" % i] = node(g)
-    st = {k: node({"step": step, "exp_avg": m, "exp_avg_sq": v}) for k, (step, m, v) in state.items()}
+    st = {k: node({"step": int(step), "exp_avg": m, "exp_avg_sq": v})
+          for k, (step, m, v) in state.items()}
     root = node({"pytorch_version": "1.5.0", "state": node(st), "param_groups": node(pg)})
-    torch.jit.script(root).save(path)
+    root.save(path)
 
 
 def checkpoint_as_plain_run(ckpt, weights_out, optimizer_out):
@@ -287,8 +300,9 @@ def test_resume(opts, tmp):
     check(p.returncode == 1 and "no-optimizer.pt" in error_line(p) and not events(m_e, "step"),
           "missing --import-optimizer file: exit %d, %r" % (p.returncode, error_line(p)))
     p = launch(["--steps", "1", "--import-optimizer", missing], 1, opts, expect_ok=False)
-    check(p.returncode == 2 and "--import-optimizer" in error_line(p),
-          "--import-optimizer without --import: exit %d, %r" % (p.returncode, error_line(p)))
+    usage = [l for l in p.stderr.splitlines() if l.startswith("--import-optimizer:")]  # CLI11's line
+    check(p.returncode == 2 and usage and "needs --import" in usage[0] and not error_line(p),
+          "--import-optimizer without --import: exit %d, %r" % (p.returncode, usage))
 
     test_import_optimizer(opts, tmp, ck, full_pt)
 
