@@ -122,7 +122,7 @@ struct Hyper {
 
 enum class Layout { kOneGroup, kDecayFirst, kNoDecayFirst };
 
-/// An optimizer of `kind` ("adamw" or "sgd") over `params` (named_parameters order) in `layout`.
+/// An optimizer of `kind` ("adamw", "adam" or "sgd") over `params` (named_parameters order) in `layout`.
 /// Group options differ between the groups in every option the kind has.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, const NamedParams& params,
                                                         Layout layout, const Hyper& h,
@@ -143,6 +143,13 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
                    .eps(is_decay ? 1e-8 : 1e-7)
                    .amsgrad(!is_decay && !wrong);
       groups.emplace_back(std::move(p), std::make_unique<torch::optim::AdamWOptions>(o));
+    } else if (kind == "adam") {  // L2 weight decay (added to the gradient), as torch::optim::Adam
+      auto o = torch::optim::AdamOptions(lr)
+                   .weight_decay(is_decay ? h.wd : 0.0)
+                   .betas(is_decay ? std::make_tuple(0.9, 0.95) : std::make_tuple(0.8, 0.99))
+                   .eps(is_decay ? 1e-8 : 1e-7)
+                   .amsgrad(!is_decay && !wrong);
+      groups.emplace_back(std::move(p), std::make_unique<torch::optim::AdamOptions>(o));
     } else {
       auto o = torch::optim::SGDOptions(lr * 100)
                    .momentum(is_decay ? 0.9 : (wrong ? 0.1 : 0.5))
@@ -165,6 +172,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (kind == "adamw") {
     opt = std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(0.9));
+  } else if (kind == "adam") {
+    opt = std::make_unique<torch::optim::Adam>(std::move(groups), torch::optim::AdamOptions(0.9));
   } else {
     opt = std::make_unique<torch::optim::SGD>(std::move(groups), torch::optim::SGDOptions(0.9));
   }
@@ -471,14 +480,15 @@ TEST(OptimizerGroups, CheckpointWithoutMembersLoadsByPosition) {
 // The optimizer state of a plain single-process libtorch run (torch::save(optimizer, path)),
 // imported with its weights into a sharded model at N ranks, continues exactly like the plain run:
 // per-step losses, gradients and the final parameters, for every strategy, AdamW and SGD with
-// momentum, with one param group (names from the model's order) and with two groups listed in the
+// momentum (and Adam with two groups), with one param group (names from the model's order) and with two groups listed in the
 // other order by the sharded optimizer (names given, as optimizer_param_names computes them).
 TEST(OptimizerGroups, ImportPlainRunContinuesExactly) {
   SharedDir dir("groups-import");
   for (const auto s : implemented_strategies()) {
-    for (const auto& kind : kKinds) {
+    for (const std::string kind : {"adamw", "sgd", "adam"}) {
       for (const Layout plain_layout : {Layout::kOneGroup, Layout::kDecayFirst}) {
         const bool two = plain_layout == Layout::kDecayFirst;
+        if (kind == "adam" && !two) continue;  // Adam: the two-group case only (it reads as AdamW)
         const std::string what =
             std::string(fsdp::to_string(s)) + " " + kind + (two ? " two groups" : " one group");
         SCOPED_TRACE(what);
