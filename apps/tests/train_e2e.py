@@ -9,9 +9,13 @@
       * fp16: the loss scale and the losses after a resume are bit for bit those of the run;
       * --import of the exported file reproduces the exported weights (torch.load, when torch is
         importable);
-      * a missing --resume path, a checkpoint of another model, an --import file of another model
-        and an unusable --save directory fail with a clear error and a non-zero exit, and train
-        no step.
+      * --import-optimizer: the AdamW state of a checkpoint, written as libtorch's
+        torch::save(optimizer, path) archive of a plain run (with torch), imported with the
+        exported weights, trains the losses of a resume from that checkpoint whose progress was
+        reset to step 0 bit for bit (and unlike --import alone);
+      * a missing --resume path, a checkpoint of another model, an --import file of another model,
+        a missing or wrong --import-optimizer file and an unusable --save directory fail with a
+        clear error and a non-zero exit, and train no step.
   train_e2e.py parity  --bin ... --data-dir ...
       --mixed-precision fp32 --strategy full_shard: the losses of the first 20 steps at N = 1, 2
       and 4 agree within 1e-4 relative (issue 3).
@@ -76,6 +80,132 @@ def check(cond, msg):
     if not cond:
         raise SystemExit("FAIL: " + msg)
     print("  ok: " + msg, flush=True)
+
+
+def read_sharded_tensor(ckpt, manifest, name):
+    """The full tensor `name` of a sharded checkpoint (docs/checkpoints.md: shard file, manifest)."""
+    import torch
+    e = manifest["tensors"][name]
+    assert e["dtype"] == "float32", e["dtype"]
+    files = {f["rank"]: os.path.join(ckpt, f["path"]) for f in manifest["files"]}
+    rows = []
+    for sh in sorted(e["shards"], key=lambda sh: sh["row_begin"]):
+        with open(files[sh["rank"]], "rb") as f:
+            f.seek(sh["offset"])
+            data = bytearray(f.read(sh["rows"] * e["row_numel"] * 4))
+        rows.append(torch.frombuffer(data, dtype=torch.float32).reshape(sh["rows"], e["row_numel"]))
+    return torch.cat(rows).reshape(e["shape"])
+
+
+def write_libtorch_adamw(path, groups, state):
+    """Writes what libtorch's torch::save(optimizer, path) writes for a torch::optim::AdamW (the
+    layout of torch/optim/serialize.h): groups = [(param keys, options)], state = key -> (step,
+    exp_avg, exp_avg_sq). Like libtorch's OutputArchive, each archive is a bare TorchScript module
+    whose entries are attributes (a scripted nn.Module would add a 'training' entry)."""
+    import torch
+    cu = torch._C.CompilationUnit()
+    T = torch._C
+
+    def node(entries):
+        m = T.ScriptModule("__torch__.Module", cu, True)
+        for k, v in entries.items():
+            if isinstance(v, T.ScriptModule):
+                typ = v._type()
+            elif isinstance(v, torch.Tensor):
+                typ = T.TensorType.get()
+            elif isinstance(v, bool):
+                typ = T.BoolType.get()
+            elif isinstance(v, int):
+                typ = T.IntType.get()
+            elif isinstance(v, float):
+                typ = T.FloatType.get()
+            elif isinstance(v, str):
+                typ = T.StringType.get()
+            elif isinstance(v, tuple):
+                typ = T.TupleType([T.FloatType.get()] * len(v))
+            else:
+                raise TypeError("%s: %r" % (k, v))
+            m._register_attribute(k, typ, v)
+        return m
+
+    pg = {"param_groups/size": torch.tensor(len(groups))}
+    for i, (keys, o) in enumerate(groups):
+        g = {"params/size": torch.tensor(len(keys))}
+        g.update({"params/%d" % j: k for j, k in enumerate(keys)})
+        g["options"] = node(o)
+        pg["param_groups/%d" % i] = node(g)
+    st = {k: node({"step": int(step), "exp_avg": m, "exp_avg_sq": v})
+          for k, (step, m, v) in state.items()}
+    root = node({"pytorch_version": "1.5.0", "state": node(st), "param_groups": node(pg)})
+    root.save(path)
+
+
+def checkpoint_as_plain_run(ckpt, weights_out, optimizer_out):
+    """A plain run's files from a sharded checkpoint of fsdp-train: its weights (torch.save of a
+    dict) and its AdamW (a libtorch archive) with fsdp-train's param groups, decay then no-decay,
+    each in the model's named_parameters() order."""
+    import torch
+    with open(os.path.join(ckpt, "manifest.json")) as f:
+        man = json.load(f)
+    names = [p["name"] for p in man["params"]]  # unit by unit: the root unit's params first
+    module_order = [n for n in names if not n.startswith("ln_f.")] + \
+                   [n for n in names if n.startswith("ln_f.")]  # GPT: wte, wpe, h.*, ln_f
+    torch.save({n: read_sharded_tensor(ckpt, man, "model/" + n) for n in names}, weights_out)
+    shapes = {p["name"]: p["shape"] for p in man["params"]}
+    decay = [n for n in module_order
+             if len(shapes[n]) >= 2 and not n.startswith(("wte.", "wpe."))]
+    no_decay = [n for n in module_order if n not in decay]
+    key = {n: str(1000 + i) for i, n in enumerate(module_order)}  # any distinct keys
+    opt = man["optimizer"]
+    groups = []
+    for members in (decay, no_decay):
+        saved = [g for g in opt["groups"] if sorted(g["members"]) == sorted(members)]
+        assert len(saved) == 1, "group not in the checkpoint"
+        o = {k: v["value"] for k, v in saved[0]["options"].items()}
+        groups.append(([key[n] for n in members],
+                       {"lr": o["lr"], "betas": (o["beta1"], o["beta2"]), "eps": o["eps"],
+                        "weight_decay": o["weight_decay"], "amsgrad": bool(o["amsgrad"])}))
+    state = {key[n]: (opt["state"][n]["step"],
+                      read_sharded_tensor(ckpt, man, "optim/%s/exp_avg" % n),
+                      read_sharded_tensor(ckpt, man, "optim/%s/exp_avg_sq" % n))
+             for n in names}
+    write_libtorch_adamw(optimizer_out, groups, state)
+
+
+def test_import_optimizer(opts, tmp, ck, full_pt):
+    """--import-optimizer against --resume: both start from step 3's weights and AdamW state with a
+    fresh schedule and data order (the resumed checkpoint's progress reset to 0)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("  (torch not importable: --import-optimizer parity skipped)")
+        return
+    src = os.path.join(ck, "step-000000003")
+    reset = os.path.join(tmp, "reset-step-3")
+    shutil.copytree(src, reset)
+    with open(os.path.join(reset, "manifest.json")) as f:
+        man = json.load(f)
+    for k in ("step", "lr_step", "sampler_pos"):
+        man["train_state"]["ints"][k] = 0
+    with open(os.path.join(reset, "manifest.json"), "w") as f:
+        json.dump(man, f)
+    w3, o3 = os.path.join(tmp, "w3.pt"), os.path.join(tmp, "adamw3.pt")
+    checkpoint_as_plain_run(src, w3, o3)
+    m_r, m_p, m_w = (os.path.join(tmp, x) for x in ("ro.jsonl", "po.jsonl", "wo.jsonl"))
+    launch(["--steps", "3", "--resume", reset, "--metrics", m_r], 2, opts)
+    launch(["--steps", "3", "--import", w3, "--import-optimizer", o3, "--metrics", m_p], 2, opts)
+    launch(["--steps", "3", "--import", w3, "--metrics", m_w], 2, opts)
+    r, p, w = losses(m_r), losses(m_p), losses(m_w)
+    check(sorted(p) == [1, 2, 3] and all(p[s] == r[s] for s in (1, 2, 3)),
+          "--import + --import-optimizer of a plain run's AdamW: losses of steps 1-3 bit for bit "
+          "those of the resumed state %s" % [(p.get(s), r[s]) for s in (1, 2, 3)])
+    check(p[1] == w[1] and p[2] != w[2], "--import alone restarts Adam (step 2: %r vs %r)" % (w[2], p[2]))
+    m_e = os.path.join(tmp, "eo.jsonl")
+    bad = launch(["--steps", "1", "--import", w3, "--import-optimizer", w3, "--metrics", m_e], 1,
+                 opts, expect_ok=False)
+    check(bad.returncode == 1 and "--import-optimizer" in error_line(bad) and
+          "not a libtorch archive" in error_line(bad) and not events(m_e, "step"),
+          "a weights file as --import-optimizer: exit %d, %r" % (bad.returncode, error_line(bad)))
 
 
 def test_resume(opts, tmp):
@@ -169,6 +299,17 @@ def test_resume(opts, tmp):
     p = launch(["--steps", "1", "--n-embd", "32", "--import", full_pt], 1, opts, expect_ok=False)
     check(p.returncode != 0 and "--import" in error_line(p),
           "wrong model for --import: exit %d, %r" % (p.returncode, error_line(p)))
+    missing = os.path.join(tmp, "no-optimizer.pt")
+    p = launch(["--steps", "1", "--import", full_pt, "--import-optimizer", missing, "--metrics", m_e],
+               1, opts, expect_ok=False)
+    check(p.returncode == 1 and "no-optimizer.pt" in error_line(p) and not events(m_e, "step"),
+          "missing --import-optimizer file: exit %d, %r" % (p.returncode, error_line(p)))
+    p = launch(["--steps", "1", "--import-optimizer", missing], 1, opts, expect_ok=False)
+    usage = [l for l in p.stderr.splitlines() if l.startswith("--import-optimizer:")]  # CLI11's line
+    check(p.returncode == 2 and usage and "needs --import" in usage[0] and not error_line(p),
+          "--import-optimizer without --import: exit %d, %r" % (p.returncode, usage))
+
+    test_import_optimizer(opts, tmp, ck, full_pt)
 
 
 def test_parity(opts, tmp):

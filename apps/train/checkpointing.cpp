@@ -6,6 +6,7 @@
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/export.h"
+#include "fsdp/checkpoint/import_optimizer.h"
 #include "fsdp/common/check.h"
 #include "train/errors.h"
 #include "train/reporting.h"
@@ -30,7 +31,16 @@ Resumed resume(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& m
                torch::optim::Optimizer& optimizer, LossScaling& loss_scaling,
                const fsdp::comm::ProcessGroupPtr& group) {
   Resumed r;
-  if (c.resume.empty()) return r;
+  if (c.resume.empty()) {
+    if (!c.import_optimizer_path.empty()) {
+      checkpoint_call("--import-optimizer " + c.import_optimizer_path, [&] {
+        fsdp::checkpoint::ImportOptimizerOptions io;
+        io.param_names = fsdp::checkpoint::optimizer_param_names(model, optimizer);
+        fsdp::checkpoint::import_optimizer(c.import_optimizer_path, model, optimizer, group, io);
+      });
+    }
+    return r;
+  }
   const std::string path = c.resume == "latest" ? c.save : c.resume;
   fsdp::checkpoint::TrainState st;
   const auto t0 = Clock::now();

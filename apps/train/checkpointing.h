@@ -1,6 +1,6 @@
-// Checkpoints of fsdp-train: what a checkpoint's TrainState holds, --resume, --save, --export and
-// --import (their paths are checked before training by preflight.h). Every call here is collective
-// over the group and turns the library's fsdp::Error into a CheckpointError.
+// Checkpoints of fsdp-train: what a checkpoint's TrainState holds, --resume, --save, --export,
+// --import and --import-optimizer (their paths are checked before training by preflight.h). Every
+// call here is collective over the group and turns the library's fsdp::Error into a CheckpointError.
 //
 // [Note: checkpoint contents]
 // A checkpoint (fsdp::checkpoint::save_sharded) holds the model shards, the AdamW state
@@ -40,10 +40,15 @@ struct Resumed {
 };
 
 /// --resume PATH ("latest": --save DIR): loads the model shards, the optimizer state, the CPU
-/// generator and the loss scaler state, and returns the progress. Nothing without --resume.
-/// Collective and blocking over group. Throws CheckpointError when the checkpoint cannot be
-/// loaded (missing, incomplete, corrupt, another model) or its TrainState is not consistent
-/// (resume_checks.h), and UsageError when it was written with another --global-batch-size.
+/// generator and the loss scaler state, and returns the progress. Without --resume, and only
+/// then (the two are exclusive), --import-optimizer PATH: the optimizer state of a plain libtorch
+/// run (fsdp::checkpoint::import_optimizer), whose AdamW was built like make_optimizer builds
+/// fsdp-train's (a decay group, then a no-decay group, each in the model's parameter order; the
+/// group options come from the file, the schedule then sets lr each step); the progress stays
+/// zero. Call it right after building the optimizer (after --import). Collective and blocking over
+/// group. Throws CheckpointError when the checkpoint or the optimizer file cannot be loaded
+/// (missing, incomplete, corrupt, another model or optimizer) or its TrainState is not consistent
+/// (resume_checks.h), and UsageError when the checkpoint was written with another --global-batch-size.
 Resumed resume(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& model,
                torch::optim::Optimizer& optimizer, LossScaling& loss_scaling,
                const fsdp::comm::ProcessGroupPtr& group);

@@ -265,7 +265,13 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       ->group("Checkpoints");
   app.add_option("--import", c.import_path,
                  "Before training, load full weights from this file (written by --export or by "
-                 "torch.save of a dict of tensors); optimizer state starts fresh (fine-tuning)")
+                 "torch.save of a dict of tensors); optimizer state starts fresh (fine-tuning) "
+                 "unless --import-optimizer is given")
+      ->group("Checkpoints");
+  app.add_option("--import-optimizer", c.import_optimizer_path,
+                 "With --import: also load the optimizer state of the plain libtorch run that "
+                 "saved those weights, from this file (torch::save(optimizer, PATH) of a "
+                 "torch::optim::AdamW with fsdp-train's param groups: decay, then no-decay)")
       ->group("Checkpoints");
   app.add_option("--config", c.config_file,
                  "TOML file with the same keys as the long flags (e.g. global_batch_size = 32); "
@@ -299,6 +305,10 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
     if (c.resume == "latest" && c.save.empty()) {
       throw CLI::ValidationError("--resume", "'latest' means the latest checkpoint in --save DIR: "
                                              "give --save, or a checkpoint path");
+    }
+    if (!c.import_optimizer_path.empty() && c.import_path.empty()) {
+      throw CLI::ValidationError("--import-optimizer", "needs --import (the weights this optimizer "
+                                                       "state belongs to)");
     }
     if (!c.resume.empty() && !c.import_path.empty()) {
       throw CLI::ValidationError("--import", "cannot be combined with --resume (the checkpoint "

@@ -83,6 +83,8 @@ struct TrainConfig {
   std::string resume;       ///< checkpoint (or directory of checkpoints) to resume; "latest" = --save
   std::string export_path;  ///< full state dict (torch.load-able) written after training
   std::string import_path;  ///< full weights loaded before training (fine-tuning)
+  /// with import_path: the optimizer state of the plain libtorch run that wrote those weights
+  std::string import_optimizer_path;
 };
 
 /// Parses argv (and the TOML file named by --config, whose keys are the long flag names with '-' or

@@ -5,6 +5,7 @@
 #include "fsdp/accounting/memory.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/export.h"
+#include "fsdp/checkpoint/import_optimizer.h"
 #include "fsdp/comm/backend.h"
 #include "fsdp/comm/mpi_backend.h"
 #include "fsdp/comm/process_group.h"

@@ -25,7 +25,7 @@ namespace {
 struct Staged {
   std::vector<ParamView> views;
   std::vector<at::Tensor> params;  // per view: (rows, row_numel)
-  OptimizerStates optimizer;       // per view, when the optimizer is loaded
+  StagedOptimizer optimizer;       // per view and group, when the optimizer is loaded
   std::map<std::string, at::Tensor> extra, buffers;
 };
 
@@ -126,7 +126,7 @@ std::string load_sharded(const std::string& path, const std::shared_ptr<torch::n
       if (v.rows > 0) v.tensor.view(s.params[i].sizes()).copy_(s.params[i]);
     }
     fsdp::invalidate_unsharded(root);  // no unit may keep computing with the old values
-    if (do_opt) apply_optimizer_state(*optimizer, m, s.views, s.optimizer, ErrorContext{rank, "", op});
+    if (do_opt) apply_optimizer_state(*optimizer, s.views, s.optimizer, ErrorContext{rank, "", op});
     if (extra) {
       extra->ints = m.ints;
       extra->doubles = m.doubles;

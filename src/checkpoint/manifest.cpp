@@ -179,6 +179,14 @@ std::string manifest_to_json(const Manifest& m) {
   opt["type"] = m.optimizer;
   opt["group_lrs"] = json::array();
   for (double lr : m.group_lrs) opt["group_lrs"].push_back(double_json(lr));
+  if (!m.groups.empty()) {  // optional: absent in older manifests
+    opt["groups"] = json::array();
+    for (const auto& g : m.groups) {
+      json options = json::object();
+      for (const auto& [k, v] : g.options) options[k] = double_json(v);
+      opt["groups"].push_back(json{{"members", g.members}, {"options", options}});
+    }
+  }
   opt["state"] = json::object();
   for (const auto& [fqn, step] : m.optim_step) {
     opt["state"][fqn] = json{{"step", step}, {"tensors", m.optim_state.at(fqn)}};
@@ -225,6 +233,18 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
     const json& opt = j.at("optimizer");
     m.optimizer = opt.at("type").get<std::string>();
     for (const auto& lr : opt.at("group_lrs")) m.group_lrs.push_back(double_from(lr));
+    if (opt.contains("groups")) {
+      for (const auto& g : opt.at("groups")) {
+        SavedGroup sg;
+        sg.members = g.at("members").get<std::vector<std::string>>();
+        for (const auto& [k, v] : g.at("options").items()) sg.options[k] = double_from(v);
+        m.groups.push_back(std::move(sg));
+      }
+      FSDP_CHECK(m.groups.size() == m.group_lrs.size(), ErrorKind::kCorruptData, kNoContext,
+                 "manifest '", path, "' is malformed: ",
+                 expected_actual("optimizer.groups entries (one per group_lrs entry)",
+                                 m.group_lrs.size(), m.groups.size()));
+    }
     for (const auto& [fqn, s] : opt.at("state").items()) {
       m.optim_step[fqn] = int_at(s, "step");
       m.optim_state[fqn] = s.at("tensors").get<std::vector<std::string>>();

@@ -53,6 +53,12 @@ struct ParamInfo {
   std::string dtype;
 };
 
+/// One param group of the optimizer, keyed by its members (docs/checkpoints.md, "Param groups").
+struct SavedGroup {
+  std::vector<std::string> members;       ///< fqns of its parameters, in the group's order
+  std::map<std::string, double> options;  ///< fsdp::optim::group_options(), every option
+};
+
 struct Manifest {
   std::string name;
   int64_t seq = 0;  ///< publication order within a directory
@@ -63,7 +69,10 @@ struct Manifest {
   std::map<std::string, TensorEntry> tensors;
   // optimizer
   std::string optimizer;  ///< "" (none), "adamw", "adam", "sgd"
-  std::vector<double> group_lrs;
+  std::vector<double> group_lrs;  ///< per group, by position (every version writes it)
+  /// Per group, its members and options; empty in checkpoints written before member names were
+  /// saved, or whose optimizer holds a tensor that is not a sharded parameter of the model.
+  std::vector<SavedGroup> groups;
   std::map<std::string, int64_t> optim_step;                    ///< fqn -> step, params with state
   std::map<std::string, std::vector<std::string>> optim_state;  ///< fqn -> stored state tensors
   // TrainState

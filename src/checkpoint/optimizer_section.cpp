@@ -1,7 +1,10 @@
 #include "optimizer_section.h"
 
+#include <algorithm>
+
 #include "dtypes.h"
 #include "fsdp/shard/layout.h"
+#include "param_groups.h"
 
 namespace fsdp::checkpoint {
 
@@ -9,6 +12,12 @@ namespace {
 
 std::string state_tensor_key(const ParamView& v, const std::string& state_name) {
   return "optim/" + v.name + "/" + state_name;
+}
+
+std::string join(std::vector<std::string> names) {
+  std::string s = "{";
+  for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
+  return s + "}";
 }
 
 }  // namespace
@@ -48,8 +57,13 @@ void describe_optimizer(Manifest& m, const torch::optim::Optimizer* optimizer,
   m.optimizer = "";
   if (!optimizer) return;
   m.optimizer = optim::to_string(optim::optimizer_kind(*optimizer, where));
+  // Groups keyed by their members ([Note: param groups by members] in docs/checkpoints.md); an
+  // optimizer holding a tensor outside the model keeps the positional form of older checkpoints.
+  const auto members = group_members(*optimizer, views);
   for (size_t g = 0; g < optimizer->param_groups().size(); ++g) {
-    m.group_lrs.push_back(optim::group_options(*optimizer, g, where).at("lr"));
+    optim::GroupOptions options = optim::group_options(*optimizer, g, where);
+    m.group_lrs.push_back(options.at("lr"));
+    if (members) m.groups.push_back(SavedGroup{(*members)[g], std::move(options)});
   }
   for (size_t i = 0; i < views.size(); ++i) {
     if (step_flags[i] == 0) continue;
@@ -65,34 +79,51 @@ void describe_optimizer(Manifest& m, const torch::optim::Optimizer* optimizer,
   }
 }
 
-OptimizerStates stage_optimizer_state(const Manifest& m, RankFileReader& files,
+StagedOptimizer stage_optimizer_state(const Manifest& m, RankFileReader& files,
                                       const torch::optim::Optimizer& optimizer,
                                       const std::vector<ParamView>& views,
                                       const ErrorContext& where) {
-  const char* kind = optim::to_string(optim::optimizer_kind(optimizer, where));
-  FSDP_CHECK(m.optimizer == kind, ErrorKind::kInvalidArgument, where,
+  const optim::OptimizerKind kind = optim::optimizer_kind(optimizer, where);
+  FSDP_CHECK(m.optimizer == optim::to_string(kind), ErrorKind::kInvalidArgument, where,
              "the checkpoint holds optimizer state of '", m.optimizer.empty() ? "none" : m.optimizer,
-             "', the optimizer given is '", kind,
+             "', the optimizer given is '", optim::to_string(kind),
              "' (pass nullptr or LoadOptions::load_optimizer = false to skip)");
-  FSDP_CHECK(m.group_lrs.size() == optimizer.param_groups().size(), ErrorKind::kInvalidArgument,
-             where, "checkpoint has ", m.group_lrs.size(), " optimizer param groups, the optimizer has ",
-             optimizer.param_groups().size());
-  OptimizerStates out;
+  StagedOptimizer out;
+  const size_t n_groups = optimizer.param_groups().size();
+  if (!m.groups.empty()) {  // keyed by members
+    std::string stray;
+    const auto members = group_members(optimizer, views, &stray);
+    FSDP_CHECK(members.has_value(), ErrorKind::kInvalidArgument, where,
+               "the checkpoint keys its param groups by their members, but the optimizer's ", stray,
+               " (build the optimizer on fsdp::parameters(root))");
+    std::vector<GroupMembers> saved;
+    for (const auto& g : m.groups) saved.push_back(g.members);
+    const std::vector<size_t> match = match_groups(saved, *members, "the checkpoint", where);
+    const auto valid = optim::group_option_names(kind);
+    for (size_t g = 0; g < n_groups; ++g) {
+      const SavedGroup& sg = m.groups[match[g]];
+      for (const auto& kv : sg.options) {
+        FSDP_CHECK(std::find(valid.begin(), valid.end(), kv.first) != valid.end(),
+                   ErrorKind::kCorruptData, where, "the manifest's optimizer group ", match[g],
+                   " has option '", kv.first, "', which ", optim::to_string(kind),
+                   " param groups do not have (", join(valid), ")");
+      }
+      out.group_options.push_back(sg.options);
+    }
+  } else {  // written before groups were keyed by members: by position, the learning rate only
+    FSDP_CHECK(m.group_lrs.size() == n_groups, ErrorKind::kInvalidArgument, where,
+               "checkpoint has ", m.group_lrs.size(), " optimizer param groups, the optimizer has ",
+               n_groups);
+    for (double lr : m.group_lrs) out.group_options.push_back({{"lr", lr}});
+  }
   for (const auto& v : views) {
-    out.emplace_back();
+    out.states.emplace_back();
     auto step = m.optim_step.find(v.name);
     if (step == m.optim_step.end()) continue;
-    FSDP_CHECK(optim::param_group_index(optimizer, v.tensor).has_value(),
-               ErrorKind::kInvalidArgument, where, "the checkpoint has optimizer state for '", v.name,
-               "', which the optimizer does not hold (build it on fsdp::parameters(root))");
-    const auto want = optim::state_tensor_names(optimizer, v.tensor, where);
     const auto& saved = m.optim_state.at(v.name);
-    FSDP_CHECK(want == saved, ErrorKind::kInvalidArgument, where, "optimizer state of '", v.name,
-               "' has ", saved.size(), " tensors in the checkpoint, the optimizer's options expect ",
-               want.size(), " (amsgrad differs?)");
     optim::ParamState st;
     st.step = step->second;
-    for (const auto& sn : want) {
+    for (const auto& sn : saved) {
       const std::string tn = state_tensor_key(v, sn);
       auto it = m.tensors.find(tn);
       FSDP_CHECK(it != m.tensors.end(), ErrorKind::kCorruptData, where, "tensor '", tn,
@@ -100,23 +131,55 @@ OptimizerStates stage_optimizer_state(const Manifest& m, RankFileReader& files,
       FSDP_CHECK(it->second.shape == v.shape, ErrorKind::kCorruptData, where, "tensor '", tn, "' is ",
                  shard::shape_to_string(it->second.shape), ", expected ",
                  shard::shape_to_string(v.shape));
-      at::Tensor rows = files.read_rows(tn, it->second, v.row_begin, v.rows);
-      st.tensors.push_back({sn, rows.view(v.tensor.sizes()).to(v.tensor.device())});
+      st.tensors.push_back({sn, at::Tensor()});
     }
-    out.back() = std::move(st);
+    out.states.back() = std::move(st);
+  }
+  check_staged_state_names(optimizer, views, out, "the checkpoint", where);
+  for (size_t i = 0; i < views.size(); ++i) {  // read only once everything above is consistent
+    if (!out.states[i]) continue;
+    const auto& v = views[i];
+    for (auto& t : out.states[i]->tensors) {
+      const std::string tn = state_tensor_key(v, t.name);
+      at::Tensor rows = files.read_rows(tn, m.tensors.at(tn), v.row_begin, v.rows);
+      t.tensor = rows.view(v.tensor.sizes()).to(v.tensor.device());
+    }
   }
   return out;
 }
 
-void apply_optimizer_state(torch::optim::Optimizer& optimizer, const Manifest& m,
-                           const std::vector<ParamView>& views, const OptimizerStates& staged,
-                           const ErrorContext& where) {
-  for (size_t g = 0; g < m.group_lrs.size(); ++g) {
-    optim::set_group_options(optimizer, g, {{"lr", m.group_lrs[g]}}, where);
+void check_staged_state_names(const torch::optim::Optimizer& optimizer,
+                              const std::vector<ParamView>& views, const StagedOptimizer& staged,
+                              const std::string& source, const ErrorContext& where) {
+  const optim::OptimizerKind kind = optim::optimizer_kind(optimizer, where);
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (!staged.states[i]) continue;
+    const auto& v = views[i];
+    const auto g = optim::param_group_index(optimizer, v.tensor);
+    FSDP_CHECK(g.has_value(), ErrorKind::kInvalidArgument, where, source,
+               " has optimizer state for '", v.name,
+               "', which the optimizer does not hold (build it on fsdp::parameters(root))");
+    optim::GroupOptions options = optim::group_options(optimizer, *g, where);
+    for (const auto& kv : staged.group_options[*g]) options[kv.first] = kv.second;
+    std::vector<std::string> want = optim::state_tensor_names(kind, options), got;
+    for (const auto& t : staged.states[i]->tensors) got.push_back(t.name);
+    std::sort(want.begin(), want.end());
+    std::sort(got.begin(), got.end());
+    FSDP_CHECK(want == got, ErrorKind::kInvalidArgument, where, "optimizer state of '", v.name,
+               "' has ", got.size(), " tensors in ", source, ", the optimizer's options expect ",
+               want.size(), " (amsgrad differs?): ",
+               expected_actual("state tensors", join(want), join(got)));
+  }
+}
+
+void apply_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<ParamView>& views,
+                           const StagedOptimizer& staged, const ErrorContext& where) {
+  for (size_t g = 0; g < staged.group_options.size(); ++g) {
+    optim::set_group_options(optimizer, g, staged.group_options[g], where);
   }
   for (size_t i = 0; i < views.size(); ++i) {
-    if (staged[i]) {
-      optim::set_param_state(optimizer, views[i].tensor, *staged[i], where);
+    if (staged.states[i]) {
+      optim::set_param_state(optimizer, views[i].tensor, *staged.states[i], where);
     } else {
       optim::clear_param_state(optimizer, views[i].tensor, where);
     }

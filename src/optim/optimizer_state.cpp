@@ -2,6 +2,7 @@
 // optimizer kind, and the only dynamic_casts to torch::optim's concrete types in the library.
 #include "fsdp/optim/optimizer_state.h"
 
+#include <c10/util/Exception.h>
 #include <c10/util/Type.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -18,6 +19,7 @@ namespace {
 
 using torch::optim::OptimizerOptions;
 using torch::optim::OptimizerParamState;
+using torch::serialize::InputArchive;
 
 ErrorContext context(const ErrorContext& where, const char* fn) {
   ErrorContext c = where;
@@ -45,6 +47,14 @@ class Codec {
   virtual std::optional<GroupOptions> options(const OptimizerOptions& o) const = 0;
   /// Sets one option named in option_names(); false when `o` is not this kind's options type.
   virtual bool set_option(OptimizerOptions& o, const std::string& name, double v) const = 0;
+  /// State tensor names for a group whose options are `o` (see state_tensor_names(kind, ...)).
+  virtual std::vector<std::string> tensor_names(const GroupOptions& o) const = 0;
+  /// Entries every archived options object of this kind has (libtorch's Options::serialize).
+  virtual std::vector<std::string> archive_option_keys() const = 0;
+  /// Reads an archived options object / parameter state with libtorch's own deserializers; they
+  /// throw c10::Error on a malformed entry.
+  virtual GroupOptions read_archived_options(InputArchive& a) const = 0;
+  virtual ParamState read_archived_state(InputArchive& a) const = 0;
 };
 
 void add_defined(ParamState& out, const char* name, const at::Tensor& t) {
@@ -102,6 +112,27 @@ class AdamCodec final : public Codec {
     if (name == "amsgrad") p->amsgrad(v != 0.0);
     return true;
   }
+  std::vector<std::string> tensor_names(const GroupOptions& o) const override {
+    std::vector<std::string> n{"exp_avg", "exp_avg_sq"};
+    auto it = o.find("amsgrad");
+    if (it != o.end() && it->second != 0.0) n.push_back("max_exp_avg_sq");
+    return n;
+  }
+  std::vector<std::string> archive_option_keys() const override {
+    return {"lr", "betas", "eps", "weight_decay", "amsgrad"};
+  }
+  GroupOptions read_archived_options(InputArchive& a) const override {
+    Options o(0);
+    o.serialize(a);
+    return *options(o);
+  }
+  ParamState read_archived_state(InputArchive& a) const override {
+    State st;
+    st.serialize(a);
+    ParamState out;
+    read(st, out);
+    return out;
+  }
 };
 
 class SgdCodec final : public Codec {
@@ -142,6 +173,24 @@ class SgdCodec final : public Codec {
     if (name == "nesterov") p->nesterov(v != 0.0);
     return true;
   }
+  std::vector<std::string> tensor_names(const GroupOptions&) const override {
+    return {"momentum_buffer"};
+  }
+  std::vector<std::string> archive_option_keys() const override {
+    return {"lr", "momentum", "dampening", "weight_decay", "nesterov"};
+  }
+  GroupOptions read_archived_options(InputArchive& a) const override {
+    torch::optim::SGDOptions o(0);
+    o.serialize(a);
+    return *options(o);
+  }
+  ParamState read_archived_state(InputArchive& a) const override {
+    torch::optim::SGDParamState st;
+    st.serialize(a);
+    ParamState out;
+    read(st, out);
+    return out;
+  }
 };
 
 const Codec& codec(OptimizerKind kind) {
@@ -171,6 +220,45 @@ const OptimizerOptions& options_for(const torch::optim::Optimizer& o, const at::
 void check_group(const torch::optim::Optimizer& o, size_t group, const ErrorContext& where) {
   FSDP_CHECK(group < o.param_groups().size(), ErrorKind::kInvalidArgument, where, "param group ",
              group, " does not exist: the optimizer has ", o.param_groups().size(), " groups");
+}
+
+bool has_entry(InputArchive& a, const std::string& key) {
+  c10::IValue v;
+  if (a.try_read(key, v)) return true;
+  at::Tensor t;
+  return a.try_read(key, t);
+}
+
+// The torch::optim type whose Options::serialize writes the entries of `options` (an archived
+// param group's "options"), for messages.
+std::string archived_type(InputArchive& options) {
+  if (has_entry(options, "alpha")) return "torch::optim::RMSprop";
+  if (has_entry(options, "lr_decay")) return "torch::optim::Adagrad";
+  if (has_entry(options, "max_iter")) return "torch::optim::LBFGS";
+  if (has_entry(options, "betas")) return "torch::optim::Adam or torch::optim::AdamW";
+  if (has_entry(options, "nesterov")) return "torch::optim::SGD";
+  return "an unknown optimizer";
+}
+
+const char* type_of(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kAdamW: return "torch::optim::AdamW";
+    case OptimizerKind::kAdam: return "torch::optim::Adam";
+    case OptimizerKind::kSGD: break;
+  }
+  return "torch::optim::SGD";
+}
+
+// Runs fn (a read of archive entry `entry`), turning libtorch's c10::Error into kCorruptData.
+template <typename Fn>
+auto read_entry(const ErrorContext& where, const std::string& entry, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const c10::Error& e) {
+    throw Error(ErrorKind::kCorruptData, where,
+                str_cat("optimizer archive entry '", entry, "' is malformed: ",
+                        e.what_without_backtrace()));
+  }
 }
 
 }  // namespace
@@ -283,6 +371,14 @@ std::optional<size_t> param_group_index(const torch::optim::Optimizer& optimizer
   return std::nullopt;
 }
 
+std::vector<std::string> group_option_names(OptimizerKind kind) {
+  return codec(kind).option_names();
+}
+
+std::vector<std::string> state_tensor_names(OptimizerKind kind, const GroupOptions& options) {
+  return codec(kind).tensor_names(options);
+}
+
 GroupOptions group_options(const torch::optim::Optimizer& optimizer, size_t group,
                            const ErrorContext& where) {
   const ErrorContext ctx = context(where, "group_options");
@@ -312,6 +408,64 @@ void set_group_options(torch::optim::Optimizer& optimizer, size_t group, const G
                "param group ", group, " of the ", to_string(kind), " optimizer has options of type ",
                type_name(o));
   }
+}
+
+ArchivedOptimizer read_optimizer_archive(InputArchive& archive, OptimizerKind kind,
+                                         const ErrorContext& where) {
+  const ErrorContext ctx = context(where, "read_optimizer_archive");
+  const Codec& c = codec(kind);
+  InputArchive state, groups;
+  {
+    c10::IValue version;
+    FSDP_CHECK(archive.try_read("pytorch_version", version) && archive.try_read("state", state) &&
+                   archive.try_read("param_groups", groups),
+               ErrorKind::kCorruptData, ctx,
+               "not a torch::optim optimizer archive (torch::save(optimizer, path)): it has no "
+               "'pytorch_version', 'state' and 'param_groups' entries (a saved module or tensor?)");
+  }
+  ArchivedOptimizer out;
+  const int64_t n_groups = read_entry(ctx, "param_groups/size", [&] {
+    at::Tensor t;
+    groups.read("param_groups/size", t);
+    return t.item<int64_t>();
+  });
+  FSDP_CHECK(n_groups >= 0, ErrorKind::kCorruptData, ctx,
+             expected_actual("optimizer archive entry 'param_groups/size'", ">= 0", n_groups));
+  for (int64_t i = 0; i < n_groups; ++i) {
+    const std::string entry = "param_groups/" + std::to_string(i);
+    InputArchive group, options;
+    read_entry(ctx, entry, [&] {
+      groups.read(entry, group);
+      group.read("options", options);
+    });
+    for (const auto& key : c.archive_option_keys()) {
+      FSDP_CHECK(has_entry(options, key), ErrorKind::kInvalidArgument, ctx,
+                 expected_actual("the optimizer in the archive (judged by the options of its param "
+                                 "group " + std::to_string(i) + ")",
+                                 type_of(kind), archived_type(options)));
+    }
+    ArchivedParamGroup g;
+    g.options = read_entry(ctx, entry + "/options", [&] { return c.read_archived_options(options); });
+    read_entry(ctx, entry + "/params", [&] {
+      at::Tensor size;
+      group.read("params/size", size);
+      for (int64_t j = 0; j < size.item<int64_t>(); ++j) {
+        c10::IValue key;
+        group.read("params/" + std::to_string(j), key);
+        g.param_keys.push_back(key.toStringRef());
+      }
+    });
+    out.groups.push_back(std::move(g));
+  }
+  for (const auto& key : read_entry(ctx, "state", [&] { return state.keys(); })) {
+    const std::string entry = "state/" + key;
+    out.state[key] = read_entry(ctx, entry, [&] {
+      InputArchive s;
+      state.read(key, s);
+      return c.read_archived_state(s);
+    });
+  }
+  return out;
 }
 
 }  // namespace fsdp::optim

@@ -10,7 +10,13 @@
 // sharded parameters (fsdp::sharded_parameters) every state tensor has the shape of this rank's
 // rows, (real_rows, d1, ...), and the parameter's dtype and device. Param groups are addressed by
 // index; param_group_index finds the group of a parameter, so a caller can key groups by the
-// names of their members instead of by position.
+// names of their members instead of by position (sharded checkpoints do: docs/checkpoints.md).
+//
+// read_optimizer_archive reads what libtorch's `torch::save(optimizer, path)` wrote (the layout of
+// torch/optim/serialize.h: "state/<key>" per parameter, "param_groups/<i>" with the keys of its
+// parameters and its options, a key being the saving process's TensorImpl address) into the same
+// plain data, so that the state of a plain single-process run can be narrowed and set into a
+// sharded optimizer (fsdp::checkpoint::import_optimizer).
 //
 // Nothing here is collective or blocks on other ranks: every function touches only the optimizer
 // object it is given (not thread-safe against a concurrent step() on it).
@@ -18,6 +24,7 @@
 
 #include <ATen/Tensor.h>
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -107,6 +114,14 @@ std::optional<size_t> param_group_index(const torch::optim::Optimizer& optimizer
 ///   SGD:        lr, momentum, dampening, weight_decay, nesterov
 using GroupOptions = std::map<std::string, double>;
 
+/// The option names of `kind`'s param groups (the keys of GroupOptions above), sorted.
+std::vector<std::string> group_option_names(OptimizerKind kind);
+
+/// The names of the state tensors a parameter gets once stepped by an optimizer of `kind` whose
+/// group has `options` (only amsgrad matters: AdamW/Adam with amsgrad != 0 add "max_exp_avg_sq");
+/// options may be partial. The same rule as state_tensor_names above.
+std::vector<std::string> state_tensor_names(OptimizerKind kind, const GroupOptions& options);
+
 /// The options of param group `group` of `optimizer`. Throws fsdp::Error (kInvalidArgument) when
 /// group >= param_groups().size(), kUnsupported for an unknown optimizer type.
 GroupOptions group_options(const torch::optim::Optimizer& optimizer, size_t group,
@@ -118,5 +133,33 @@ GroupOptions group_options(const torch::optim::Optimizer& optimizer, size_t grou
 /// for an unknown optimizer type.
 void set_group_options(torch::optim::Optimizer& optimizer, size_t group, const GroupOptions& options,
                        const ErrorContext& where = {});
+
+/// One param group of an optimizer archive.
+struct ArchivedParamGroup {
+  /// The archive's keys of the group's parameters, in the group's order: the TensorImpl address
+  /// each had in the process that saved it, in decimal (torch/optim/serialize.h). A key may be
+  /// listed twice (a tensor given twice, e.g. a tied parameter under two names).
+  std::vector<std::string> param_keys;
+  GroupOptions options;  ///< as group_options() names them
+};
+
+/// What `torch::save(optimizer, path)` of a torch::optim optimizer holds, as plain data.
+struct ArchivedOptimizer {
+  std::vector<ArchivedParamGroup> groups;  ///< in the optimizer's order
+  /// key -> the parameter's state; its tensors are full (the saving process's parameter shape),
+  /// CPU, as saved. Parameters without state (never stepped; SGD without momentum) are absent.
+  std::map<std::string, ParamState> state;
+};
+
+/// Reads an archive written by `torch::save(optimizer, ...)` (libtorch C++ API) of an optimizer of
+/// `kind` (torch::serialize::InputArchive::load_from opens the file). Adam and AdamW archives have
+/// the same layout and cannot be told apart: either reads as either. Not collective; reads only
+/// `archive`. Throws fsdp::Error (context `where`): kCorruptData when the archive is not an
+/// optimizer archive (no "pytorch_version", "state" or "param_groups": e.g. a saved module) or
+/// an entry is malformed (naming the entry); kInvalidArgument when it holds another optimizer
+/// type (the message names the type its options look like, e.g. "torch::optim::SGD", and the
+/// expected one).
+ArchivedOptimizer read_optimizer_archive(torch::serialize::InputArchive& archive, OptimizerKind kind,
+                                         const ErrorContext& where = {});
 
 }  // namespace fsdp::optim
