@@ -18,6 +18,8 @@
 #include <torch/nn/init.h>
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <ATen/ops/embedding.h>
+
 #include <cmath>
 #include <stdexcept>
 
@@ -78,15 +80,9 @@ void check_config(const GPTConfig& c) {
   }
 }
 
-// x @ W^T + b through at::linear, which fuses the bias into one addmm for a contiguous (B, T, C)
-// input. torch::nn::Linear::forward computes matmul then a separate in-place add for inputs of more
-// than 2 dimensions: an extra pass over every activation, forward and backward.
-at::Tensor linear(const torch::nn::Linear& l, const at::Tensor& x) {
-  return at::linear(x, l->weight, l->bias);
-}
+at::Tensor linear(const Linear& l, const at::Tensor& x) { return at::linear(x, l->weight, l->bias); }
+}  // namespace
 
-// Causal attention of q, k, v (B, H, T, D) -> (B, H, T, D) with the kernel `attention` names
-// (GPTConfig::attention).
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::string& attention) {
   const int64_t T = q.size(2), D = q.size(3);
@@ -103,16 +99,26 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return at::matmul(probs, v);
 }
 
-void init_linear(torch::nn::Linear& l, double std) {
-  torch::nn::init::normal_(l->weight, 0.0, std);
-  if (l->bias.defined()) torch::nn::init::zeros_(l->bias);
+fsdp::ModuleInit gpt_init(const GPTConfig& cfg) {
+  const double std = 0.02, residual_std = 0.02 / std::sqrt(2.0 * cfg.n_layer);
+  return [std, residual_std](const std::string& name, torch::nn::Module& m) {
+    if (auto* l = dynamic_cast<LinearImpl*>(&m)) {
+      const bool residual = name.size() >= 6 && name.compare(name.size() - 6, 6, "c_proj") == 0;
+      torch::nn::init::normal_(l->weight, 0.0, residual ? residual_std : std);
+      if (l->bias.defined()) torch::nn::init::zeros_(l->bias);
+    } else if (auto* e = dynamic_cast<EmbeddingImpl*>(&m)) {
+      torch::nn::init::normal_(e->weight, 0.0, std);
+    } else if (auto* n = dynamic_cast<LayerNormImpl*>(&m)) {
+      torch::nn::init::ones_(n->weight);
+      torch::nn::init::zeros_(n->bias);
+    }
+  };
 }
-}  // namespace
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& cfg)
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& cfg, at::TensorOptions o)
     : n_head_(cfg.n_head), attention_(cfg.attention) {
-  c_attn = register_module("c_attn", torch::nn::Linear(cfg.n_embd, 3 * cfg.n_embd));
-  c_proj = register_module("c_proj", torch::nn::Linear(cfg.n_embd, cfg.n_embd));
+  c_attn = register_module("c_attn", Linear(cfg.n_embd, 3 * cfg.n_embd, true, o));
+  c_proj = register_module("c_proj", Linear(cfg.n_embd, cfg.n_embd, true, o));
 }
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
@@ -126,20 +132,20 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   return linear(c_proj, y);
 }
 
-MLPImpl::MLPImpl(const GPTConfig& cfg) {
-  c_fc = register_module("c_fc", torch::nn::Linear(cfg.n_embd, 4 * cfg.n_embd));
-  c_proj = register_module("c_proj", torch::nn::Linear(4 * cfg.n_embd, cfg.n_embd));
+MLPImpl::MLPImpl(const GPTConfig& cfg, at::TensorOptions o) {
+  c_fc = register_module("c_fc", Linear(cfg.n_embd, 4 * cfg.n_embd, true, o));
+  c_proj = register_module("c_proj", Linear(4 * cfg.n_embd, cfg.n_embd, true, o));
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
   return linear(c_proj, at::gelu(linear(c_fc, x), "tanh"));
 }
 
-BlockImpl::BlockImpl(const GPTConfig& cfg) {
-  ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.n_embd})));
-  attn = register_module("attn", CausalSelfAttention(cfg));
-  ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.n_embd})));
-  mlp = register_module("mlp", MLP(cfg));
+BlockImpl::BlockImpl(const GPTConfig& cfg, at::TensorOptions o) {
+  ln_1 = register_module("ln_1", LayerNorm(cfg.n_embd, o));
+  attn = register_module("attn", CausalSelfAttention(cfg, o));
+  ln_2 = register_module("ln_2", LayerNorm(cfg.n_embd, o));
+  mlp = register_module("mlp", MLP(cfg, o));
 }
 
 at::Tensor BlockImpl::forward(at::Tensor x) {
@@ -147,29 +153,19 @@ at::Tensor BlockImpl::forward(at::Tensor x) {
   return x + mlp(ln_2(x));
 }
 
-GPTImpl::GPTImpl(const GPTConfig& cfg) : cfg_(cfg) {
+GPTImpl::GPTImpl(const GPTConfig& cfg, at::Device device) : cfg_(cfg) {
   check_config(cfg);
-  wte = register_module("wte", torch::nn::Embedding(cfg.vocab_size, cfg.n_embd));
-  wpe = register_module("wpe", torch::nn::Embedding(cfg.block_size, cfg.n_embd));
+  const at::TensorOptions o = at::TensorOptions().device(device);
+  wte = register_module("wte", Embedding(cfg.vocab_size, cfg.n_embd, o));
+  wpe = register_module("wpe", Embedding(cfg.block_size, cfg.n_embd, o));
   // libtorch forbids dots in submodule names: a ModuleList "h" gives the names h.0, h.1, ...
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
-    blocks.push_back(Block(cfg));
+    blocks.push_back(Block(cfg, o));
     h->push_back(blocks.back());
   }
-  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.n_embd})));
-
-  // GPT-2 initialisation (LayerNorms keep their default weight 1, bias 0).
-  at::NoGradGuard no_grad;
-  const double std = 0.02, residual_std = 0.02 / std::sqrt(2.0 * cfg.n_layer);
-  torch::nn::init::normal_(wte->weight, 0.0, std);
-  torch::nn::init::normal_(wpe->weight, 0.0, std);
-  for (auto& b : blocks) {
-    init_linear(b->attn->c_attn, std);
-    init_linear(b->attn->c_proj, residual_std);
-    init_linear(b->mlp->c_fc, std);
-    init_linear(b->mlp->c_proj, residual_std);
-  }
+  ln_f = register_module("ln_f", LayerNorm(cfg.n_embd, o));
+  if (!device.is_meta()) fsdp::init_parameters(*this, gpt_init(cfg));
 }
 
 at::Tensor GPTImpl::forward(const at::Tensor& idx) {

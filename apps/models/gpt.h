@@ -3,16 +3,17 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
+#include <c10/core/Device.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "fsdp/runtime/materialize.h"
+#include "models/layers.h"
 
 namespace apps::models {
 
@@ -40,13 +41,21 @@ struct GPTConfig {
 GPTConfig gpt_preset(const std::string& name, int64_t vocab_size);
 std::vector<std::string> gpt_preset_names();
 
+/// The vocabulary of the public GPT-2 checkpoints (50257 tokens), for dry runs of the gpt2 presets.
+constexpr int64_t kGpt2VocabSize = 50257;
+
+/// Causal attention of q, k, v (B, H, T, D) -> (B, H, T, D) with the kernel `attention` names
+/// (GPTConfig::attention). Shared with the Llama model.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::string& attention);
+
 /// Causal self-attention: fused qkv projection c_attn (C -> 3C), causal attention (kernel per
 /// GPTConfig::attention), output projection c_proj (C -> C).
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  explicit CausalSelfAttentionImpl(const GPTConfig& cfg);
+  CausalSelfAttentionImpl(const GPTConfig& cfg, at::TensorOptions options);
   at::Tensor forward(const at::Tensor& x);  // (B, T, C) -> (B, T, C)
-  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  Linear c_attn{nullptr}, c_proj{nullptr};
 
  private:
   int64_t n_head_;
@@ -57,9 +66,9 @@ TORCH_MODULE(CausalSelfAttention);
 /// MLP: c_fc (C -> 4C), GELU (tanh approximation), c_proj (4C -> C).
 class MLPImpl : public torch::nn::Module {
  public:
-  explicit MLPImpl(const GPTConfig& cfg);
+  MLPImpl(const GPTConfig& cfg, at::TensorOptions options);
   at::Tensor forward(const at::Tensor& x);  // (B, T, C) -> (B, T, C)
-  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  Linear c_fc{nullptr}, c_proj{nullptr};
 };
 TORCH_MODULE(MLP);
 
@@ -67,9 +76,9 @@ TORCH_MODULE(MLP);
 /// (wrap policy fsdp::wrap_by_type<BlockImpl>()).
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const GPTConfig& cfg);
+  BlockImpl(const GPTConfig& cfg, at::TensorOptions options);
   at::Tensor forward(at::Tensor x);  // (B, T, C) -> (B, T, C)
-  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  LayerNorm ln_1{nullptr}, ln_2{nullptr};
   CausalSelfAttention attn{nullptr};
   MLP mlp{nullptr};
 };
@@ -78,13 +87,15 @@ TORCH_MODULE(Block);
 /// GPT: token embedding wte (V, C) + position embedding wpe (block_size, C), blocks "h.0".."h.{L-1}",
 /// final LayerNorm ln_f, and an output head tied to wte: logits = x @ wte.weight^T (the head has no
 /// parameter of its own, so the tied weight is one Parameter, owned by whichever FSDP unit owns wte).
-/// GPT-2 initialisation: Linear and Embedding weights ~ N(0, 0.02), the residual projections
-/// (attn.c_proj, mlp.c_proj) ~ N(0, 0.02/sqrt(2*n_layer)), biases 0, LayerNorm weight 1 / bias 0.
+/// Built on `device`: on the CPU the constructor initialises the parameters (fsdp::init_parameters
+/// with gpt_init(cfg)); on the meta device it allocates nothing and initialises nothing (deferred
+/// initialisation: fully_shard the model, then fsdp::materialize(model, gpt_init(cfg)) gives every
+/// rank's shards the values of the CPU build; or a dry run).
 /// Initialisation draws from the global torch generator: seed it (torch::manual_seed) first to build
 /// identical models on every rank.
 class GPTImpl : public torch::nn::Module {
  public:
-  explicit GPTImpl(const GPTConfig& cfg);
+  explicit GPTImpl(const GPTConfig& cfg, at::Device device = at::kCPU);
 
   /// idx: int64 (B, T) token ids, T <= block_size -> logits float (B, T, V). Each block is called
   /// through fsdp::call, so a block that is an FSDP unit is unsharded around its forward.
@@ -109,16 +120,21 @@ class GPTImpl : public torch::nn::Module {
   /// The output head's weight: the same tensor as wte->weight.
   const at::Tensor& lm_head_weight() const { return wte->weight; }
 
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  Embedding wte{nullptr}, wpe{nullptr};
   std::vector<Block> blocks;    ///< the blocks of h, for direct calls
   torch::nn::ModuleList h{nullptr};  ///< registered as "h": parameters h.0.*, h.1.*, ...
-  torch::nn::LayerNorm ln_f{nullptr};
+  LayerNorm ln_f{nullptr};
 
  private:
   GPTConfig cfg_;
   bool checkpoint_blocks_ = false;
 };
 TORCH_MODULE(GPT);
+
+/// GPT-2 initialisation of one module (fsdp::ModuleInit, module pre-order): Linear and Embedding
+/// weights ~ N(0, 0.02), the residual projections (names ending in "c_proj") ~
+/// N(0, 0.02/sqrt(2*n_layer)), biases 0, LayerNorm weight 1 / bias 0 (no draws).
+fsdp::ModuleInit gpt_init(const GPTConfig& cfg);
 
 /// Mean cross entropy over all B*T positions: logits (B, T, V) float, targets int64 (B, T).
 at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets);

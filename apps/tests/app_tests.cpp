@@ -1,11 +1,13 @@
 // Tests of the apps' building blocks: sampler invariance across world sizes, tokenizer round trip,
 // GPT shapes, weight tying and loss at initialisation.
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 #include <sentencepiece_trainer.h>
+#include <torch/optim/adamw.h>
 #include <torch/utils.h>
 
 #include <thread>
@@ -23,7 +25,10 @@
 #include "data/tokenizer.h"
 #include "fsdp/comm/threaded_backend.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "fsdp/runtime/dry_run.h"
+#include "fsdp/runtime/materialize.h"
 #include "models/gpt.h"
+#include "models/llama.h"
 
 namespace {
 
@@ -233,6 +238,92 @@ TEST(GPT, ShardedForwardAndGenerateMatchUnsharded) {
     EXPECT_LT(err, 1e-5) << "rank " << r << " logits max abs error " << err;
     EXPECT_EQ(samples[r], expected_sample) << "rank " << r;
   }
+}
+
+// --meta-init's rule on the GPT: built on the meta device, sharded over 2 in-process ranks, then
+// materialised with gpt_init under the same seed, every rank's shards are bitwise those of the
+// CPU build sharded the same way.
+TEST(GPT, MetaInitShardsEqualTheCpuBuild) {
+  auto cfg = tiny_config();
+  std::vector<apps::models::GPT> normal, deferred;
+  for (int r = 0; r < 2; ++r) {
+    torch::manual_seed(5);
+    normal.emplace_back(cfg);
+    deferred.emplace_back(cfg, at::kMeta);
+  }
+  for (const auto& p : deferred[0]->parameters()) ASSERT_TRUE(p.is_meta());
+  auto groups = fsdp::comm::threaded_world(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fsdp::fully_shard_tree(normal[r].ptr(), groups[r], fsdp::wrap_by_type<apps::models::BlockImpl>());
+        fsdp::fully_shard_tree(deferred[r].ptr(), groups[r], fsdp::wrap_by_type<apps::models::BlockImpl>());
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    torch::manual_seed(5);  // one rank at a time: the global generator is shared by the threads
+    fsdp::materialize(deferred[r].ptr(), apps::models::gpt_init(cfg));
+    auto a = fsdp::sharded_parameters(normal[r].ptr()), b = fsdp::sharded_parameters(deferred[r].ptr());
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(at::equal(a[i].tensor, b[i].tensor)) << "rank " << r << " " << a[i].name;
+    }
+  }
+}
+
+// The public shapes, built on the meta device: parameter counts of the Llama-2 releases.
+TEST(Llama, PresetsHaveThePublicParameterCounts) {
+  EXPECT_EQ(apps::models::llama_preset("llama2-7b").num_params(), 6738415616);
+  EXPECT_EQ(apps::models::llama_preset("llama2-13b").num_params(), 13015864320);
+  EXPECT_EQ(apps::models::llama_preset("llama2-70b").num_params(), 68976648192);
+  EXPECT_EQ(apps::models::gpt_preset("gpt2-xl", apps::models::kGpt2VocabSize).num_params(), 1557611200);
+  apps::models::Llama m(apps::models::llama_preset("llama2-70b"), at::kMeta);
+  int64_t n = 0;
+  for (const auto& p : m->parameters()) {
+    EXPECT_TRUE(p.is_meta());
+    n += p.numel();
+  }
+  EXPECT_EQ(n, 68976648192);
+  torch::manual_seed(0);
+  apps::models::Llama tiny(apps::models::llama_preset("llama-tiny"));
+  at::Tensor logits = tiny->forward(at::randint(0, 512, {2, 9}, at::kLong));
+  EXPECT_EQ(logits.sizes(), (at::IntArrayRef{2, 9, 512}));
+  EXPECT_TRUE(logits.isfinite().all().item<bool>());
+}
+
+// A dry run of rank 0 of llama2-70b at N = 1024 under full_shard: AdamW holds 8 bytes per real
+// element of the rank's rows, the grads 4, and the padded rows at least 4P/N.
+TEST(DryRun, Llama70bAt1024Ranks) {
+  const auto cfg = apps::models::llama_preset("llama2-70b");
+  fsdp::DryRunSpec spec;
+  spec.world_size = 1024;
+  spec.build = [&] { return std::static_pointer_cast<torch::nn::Module>(apps::models::Llama(cfg, at::kMeta).ptr()); };
+  spec.shard = [](const std::shared_ptr<torch::nn::Module>& m, fsdp::comm::ProcessGroupPtr g) {
+    fsdp::fully_shard_tree(m, g, fsdp::wrap_by_type<apps::models::LlamaBlockImpl>());
+  };
+  spec.loss = [&](const std::shared_ptr<torch::nn::Module>& m) {
+    at::Tensor idx = at::empty({1, 8}, at::TensorOptions().dtype(at::kLong).device(at::kMeta));
+    auto net = std::dynamic_pointer_cast<apps::models::LlamaImpl>(m);
+    return fsdp::call(net, idx).sum();
+  };
+  spec.make_optimizer = [](std::vector<at::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-3));
+  };
+  const auto r = fsdp::dry_run(spec);
+  EXPECT_EQ(r.param_numel, 68976648192);
+  EXPECT_EQ(r.units, 81);
+  EXPECT_EQ(r.bytes.optim_state_bytes, 2 * r.bytes.grad_bytes);
+  EXPECT_GE(r.bytes.param_bytes, 4 * 68976648192 / 1024);
+  EXPECT_GE(r.bytes.param_bytes, r.bytes.grad_bytes);
+  EXPECT_EQ(r.bytes.master_weight_bytes, 0);
+  EXPECT_GT(r.bytes.peak_unsharded_param_bytes, 0);
 }
 
 }  // namespace

@@ -20,18 +20,22 @@
 //   reporting.*       lr schedule, console, JSON-lines events, Chrome trace.
 //   op_profile.*      --profile: libtorch's operator profiler over the last steps.
 //   failures.*        the exit path of every failure (exit codes, the timeout diagnosis).
+//   dry_run.*         --dry-run: one rank of an N-rank job accounted in this process.
 //   errors.h          UsageError, CheckpointError and RunError.
 //
 // Measurement rules (what the JSON-lines fields measure): [Note: measurement rules] in
 // reporting.h. Checkpoint contents: [Note: checkpoint contents] in checkpointing.h. Both are
 // documented for users in apps/README.md. Exit codes: failures.h.
 #include <algorithm>
+#include <cstdio>
 #include <exception>
 #include <optional>
 
 #include "fsdp/accounting/budget.h"
 #include "fsdp/accounting/memory.h"
 #include "fsdp/comm/mpi_backend.h"
+#include "train/dry_run.h"
+#include "train/errors.h"
 #include "train/failures.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -49,6 +53,13 @@ int main(int argc, char** argv) {
     flight_recorder_dir = options.flight_recorder_dir;
     agree_s = std::min(agree_s, options.timeout_s);
     fsdp::comm::ProcessGroupPtr world = fsdp::comm::mpi_world(options);
+    if (config->dry_run) {
+      if (world->size() > 1) {
+        throw apps::train::UsageError("--dry-run simulates --world-size ranks in one process: run it without mpirun");
+      }
+      std::fputs(apps::train::format_dry_run(apps::train::run_dry_run(*config), *config).c_str(), stdout);
+      return 0;
+    }
     fsdp::accounting::install_counting_allocator();
     if (config->memory_budget_bytes > 0) fsdp::accounting::set_memory_budget(config->memory_budget_bytes, rank);
     const bool heap_retained = fsdp::accounting::retain_freed_heap_memory();

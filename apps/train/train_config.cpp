@@ -88,9 +88,22 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   constexpr int64_t kMaxSize = int64_t(1) << 30;
 
   // Model
-  app.add_option("--model", c.model, "Model preset")
-      ->check(CLI::IsMember({"nano", "micro", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}))
+  app.add_option("--model", c.model, "Model preset (llama2-* with --dry-run only)")
+      ->check(CLI::IsMember({"nano", "micro", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama-tiny",
+                             "llama2-7b", "llama2-13b", "llama2-70b"}))
       ->group("Model");
+  app.add_flag("--meta-init", c.meta_init,
+               "Build the model on the meta device and initialise only this rank's shards, unit by unit "
+               "(same values; no rank holds the full model)")
+      ->group("Model");
+  app.add_flag("--dry-run", c.dry_run,
+               "Lay out and account one rank of a --world-size job in this process (meta tensors, "
+               "simulated ranks): print its bytes by kind and exit; no data, no mpirun")
+      ->group("Dry run");
+  app.add_option("--world-size", c.dry_run_world_size, "Ranks of the simulated job (with --dry-run)")
+      ->check(int_in(1, kMaxSize))->group("Dry run");
+  app.add_option("--dry-run-rank", c.dry_run_rank, "The simulated rank whose bytes are printed (default 0)")
+      ->check(int_in(0, kMaxSize))->group("Dry run");
   app.add_option("--n-layer", c.n_layer, "Override the preset's number of blocks (0: keep)")
       ->check(int_in(0, 10000))->group("Model");
   app.add_option("--n-head", c.n_head, "Override the preset's attention heads (0: keep)")
@@ -298,6 +311,16 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       if (c.memory_budget_bytes <= 0) {
         throw CLI::ValidationError("--memory-budget", "must be more than 0 bytes, got '" + c.memory_budget + "'");
       }
+    }
+    if (c.dry_run != (c.dry_run_world_size > 0)) {
+      throw CLI::ValidationError("--dry-run/--world-size", "are given together (--dry-run --world-size N)");
+    }
+    if (c.dry_run && c.dry_run_rank >= c.dry_run_world_size) {
+      throw CLI::ValidationError("--dry-run-rank", "must be below --world-size");
+    }
+    if (!c.dry_run && c.model.rfind("llama", 0) == 0) {
+      throw CLI::ValidationError("--model", c.model + " is available with --dry-run only (fsdp-train trains "
+                                 "the GPT presets)");
     }
     if (c.save.empty() && (c.save_every > 0 || c.keep > 0)) {
       throw CLI::ValidationError("--save-every/--keep", "need --save DIR");

@@ -16,6 +16,13 @@ struct TrainConfig {
   int64_t n_embd = 0;
   int64_t block_size = 0;
   std::string attention = "auto";  ///< models::GPTConfig::attention
+  /// Build the model on the meta device, shard it, then write only this rank's rows
+  /// (fsdp::materialize): no rank ever holds the full model. Same initial values as without.
+  bool meta_init = false;
+  // Dry run (apps/train/dry_run.h): no data, no MPI job, no training.
+  bool dry_run = false;
+  int dry_run_world_size = 0;  ///< --world-size: ranks of the simulated job (needs --dry-run)
+  int dry_run_rank = 0;        ///< --dry-run-rank: the rank whose bytes are reported
   // Data
   std::string data_dir = "./data";  ///< holds spm_<vocab>.model and corpus/
   std::string data;                 ///< text file or folder with train.txt + val.txt; "" = data_dir/corpus

@@ -28,6 +28,7 @@
 #include "fsdp/common/cpu_info.h"
 #include "fsdp/optim/clip.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "fsdp/runtime/materialize.h"
 #include "models/gpt.h"
 #include "train/checkpointing.h"
 #include "train/corpus.h"
@@ -143,10 +144,13 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   val_sampler_.emplace(make_sampler(corpus_.val, cfg_, rank_, world_, "validation"));
 
   // Model: identical init on every rank (checked), then one unit per block plus the root.
+  // --meta-init: built on the meta device, sharded, then each rank writes its rows module by
+  // module with the values of the CPU build (no rank holds the full model, so the checksum check
+  // of the full parameters cannot run; every rank draws the same stream from --seed).
   torch::manual_seed(cfg_.seed);
-  model_ = models::GPT(mcfg);
+  model_ = models::GPT(mcfg, cfg_.meta_init ? at::kMeta : at::kCPU);
   model_->set_activation_checkpointing(cfg_.activation_checkpointing);
-  check_identical_init(model_, *group_);
+  if (!cfg_.meta_init) check_identical_init(model_, *group_);
   try {
     const fsdp::ActivityScope activity(nullptr, "fully_shard");
     fsdp::fully_shard_tree(model_.ptr(), group_, fsdp::wrap_by_type<models::BlockImpl>(),
@@ -156,6 +160,7 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   } catch (const fsdp::Error& e) {
     throw UsageError(std::string("the FSDP engine rejected these settings: ") + e.what());
   }
+  if (cfg_.meta_init) fsdp::materialize(model_.ptr(), models::gpt_init(mcfg));
   facts_.import_s = import_weights(cfg_, model_.ptr(), group_);
   optimizer_ = make_optimizer(model_, cfg_);
   const Resumed resumed = resume(cfg_, model_.ptr(), *optimizer_, loss_scaling_, group_);

@@ -341,7 +341,8 @@ void ProcessGroup::check_tensor(const char* op, const char* what, const at::Tens
                   d == at::kInt || d == at::kLong || d == at::kByte;
   FSDP_CHECK(ok, ErrorKind::kInvalidArgument, where, "unsupported dtype ", d, " for ", what,
              " (float32, float64, bfloat16, float16, int32, int64, uint8)");
-  FSDP_CHECK(t.device().type() == backend_->device_type(), ErrorKind::kInvalidArgument, where,
+  const bool simulated_host = backend_->simulated() && t.device().is_cpu();  // its own rule
+  FSDP_CHECK(t.device().type() == backend_->device_type() || simulated_host, ErrorKind::kInvalidArgument, where,
              expected_actual(std::string(what) + " device", c10::DeviceTypeName(backend_->device_type(), true),
                              t.device()),
              " (the ", backend_name_, " backend)");
@@ -441,6 +442,22 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
   return std::shared_ptr<ProcessGroup>(
       new ProcessGroup(std::move(sub), options_, str_cat(name_, "/split(", color, ")"), family_));
 }
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split_blocks(int block, bool strided) {
+  FSDP_CHECK(block >= 1 && size_ % block == 0, ErrorKind::kInvalidArgument, at_op(rank_, "split_blocks"),
+             expected_actual("block", str_cat("a divisor of the group size ", size_), block));
+  std::unique_ptr<Backend> sub;
+  const OpTag tag{"", "split"};
+  const Described d{CollectiveKind::kBarrier, nullptr, ReduceOp::kSum, -1, &tag, -1};
+  enqueue(d, [this, block, strided, &sub] { sub = backend_->split_blocks(block, strided); })->wait();
+  const int color = strided ? rank_ % block : rank_ / block;
+  return std::shared_ptr<ProcessGroup>(
+      new ProcessGroup(std::move(sub), options_, str_cat(name_, "/split(", color, ")"), family_));
+}
+
+c10::DeviceType ProcessGroup::device_type() const { return backend_->device_type(); }
+
+bool ProcessGroup::simulated() const { return backend_->simulated(); }
 
 // [Note: low-precision reductions] A bf16/fp16 reduce-scatter sends each block in its own dtype to
 // the rank that owns it (one all-to-all: the (N-1)/N x input bytes of a ring reduce-scatter), and

@@ -119,7 +119,7 @@ void DdpReducer::on_grad_accumulated(int i) {
 
 void DdpReducer::issue(size_t b) {
   at::NoGradGuard no_grad;
-  at::Tensor buffer = at::empty({plan_.numel_of(b)}, at::dtype(reduce_dtype_));
+  at::Tensor buffer = at::empty({plan_.numel_of(b)}, at::dtype(reduce_dtype_).device(group_->device_type()));
   int64_t off = 0;
   for (int i : plan_.params_of(b)) {
     auto& p = params_[i];

@@ -34,7 +34,9 @@ void FSDPParam::free_unsharded() {
 void FSDPParam::alloc_unsharded() {
   auto* impl = unsharded_padded.storage().unsafeGetStorageImpl();
   const int64_t nbytes = unsharded_bytes();
-  if (!(static_cast<int64_t>(impl->nbytes()) == nbytes && impl->data() != nullptr)) {
+  if (unsharded_padded.is_meta()) {
+    impl->set_nbytes(nbytes);  // a dry run: the bytes are counted, none exist
+  } else if (!(static_cast<int64_t>(impl->nbytes()) == nbytes && impl->data() != nullptr)) {
     c10::Allocator* alloc = c10::GetAllocator(unsharded_padded.device().type());
     impl->set_data_ptr_noswap(alloc->allocate(nbytes));
     impl->set_nbytes(nbytes);
@@ -48,6 +50,23 @@ void FSDPParam::point_module_param_at_unsharded() {
   // A 0-dim param is one row of one element. (view({}) would pick view(ScalarType) and
   // reinterpret the bytes as uint8: the shape must be spelled as an IntArrayRef.)
   module_param.set_data(shape.empty() ? view.view(at::IntArrayRef{}) : view);
+}
+
+void FSDPParam::move_meta_param_to(c10::DeviceType device) {
+  if (!module_param.is_meta()) return;
+  // Variable::set_data refuses to change a tensor between the meta and another device type; the
+  // TensorImpl itself may take another's metadata (what set_data does once its check passed), so
+  // every handle of the module (e.g. a `weight` member) sees the new device.
+  at::Tensor empty = at::empty({0}, module_param.options().device(device));
+  module_param.unsafeGetTensorImpl()->shallow_copy_from(empty.getIntrusivePtr());
+}
+
+void FSDPParam::restore_module_param() {
+  if (allocated_unsharded_bytes() > 0 || unsharded_padded.is_same(sharded_storage)) {
+    point_module_param_at_unsharded();
+  } else {
+    module_param.set_data(at::empty({0}, unsharded_padded.options()));
+  }
 }
 
 bool FSDPParam::resharded() const { return module_param.numel() == 0 && spec.numel() > 0; }
@@ -66,19 +85,25 @@ void FSDPParam::init_shard(const at::Tensor& storage, int64_t rank, c10::ScalarT
   const auto& s = spec;
   sharded_storage = storage.view(shape_with_rows(*this, s.rows_per_rank));
   const int64_t rows = s.real_rows(rank);
-  if (rows > 0) {
-    at::Tensor full = module_param.detach().reshape({s.dim0, s.row_numel});
-    sharded_storage.view({s.rows_per_rank, s.row_numel})
-        .narrow(0, 0, rows)
-        .copy_(full.narrow(0, s.row_offset(rank), rows));
-  }
+  const bool has_values = !module_param.is_meta() && module_param.numel() == s.numel();
+  if (has_values) copy_rows_from(module_param, rank);
   sharded_param = sharded_storage.narrow(0, 0, rows).detach();
   sharded_param.set_requires_grad(requires_grad);
   unsharded_padded = alias ? sharded_storage
                            : at::empty(shape_with_rows(*this, s.rows_per_rank * s.world_size),
-                                       at::dtype(param_dtype));
+                                       at::dtype(param_dtype).device(storage.device()));
   point_module_param_at_unsharded();
   if (!alias) free_unsharded();
+}
+
+void FSDPParam::copy_rows_from(const at::Tensor& full, int64_t rank) {
+  at::NoGradGuard no_grad;
+  const auto& s = spec;
+  const int64_t rows = s.real_rows(rank);
+  if (rows == 0) return;
+  sharded_storage.view({s.rows_per_rank, s.row_numel})
+      .narrow(0, 0, rows)
+      .copy_(full.detach().reshape({s.dim0, s.row_numel}).narrow(0, s.row_offset(rank), rows));
 }
 
 void FSDPParam::copy_in_unsharded(const at::Tensor& blocks, int64_t offset) {

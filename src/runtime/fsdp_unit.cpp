@@ -41,6 +41,17 @@ namespace {
 std::atomic<uint64_t> g_next_unit_id{1};
 
 // The line of one param in the cross-rank consistency check.
+// CPU params on a real group; meta params on any group (deferred initialisation, or a dry run);
+// a simulated group holds no data, so it takes meta params only.
+void check_param_device(const FSDPParam& p, const comm::ProcessGroup& group, const ErrorContext& where) {
+  const at::Device d = p.module_param.device();
+  FSDP_CHECK(d.is_cpu() || d.is_meta(), ErrorKind::kUnsupported, where, "parameter '", p.fqn, "' is on ", d,
+             "; this build shards CPU parameters (or meta ones, materialised later)");
+  FSDP_CHECK(!group.simulated() || d.is_meta(), ErrorKind::kInvalidArgument, where, "parameter '", p.fqn,
+             "' is on ", d, " but the group is simulated (a dry run holds no data): build the model on the "
+             "meta device");
+}
+
 std::string describe(const FSDPParam& p) {
   return str_cat(p.fqn, " ", shard::shape_to_string(p.shape), " ", c10::toString(p.module_param.scalar_type()),
                  p.requires_grad ? " trainable" : " frozen");
@@ -125,8 +136,14 @@ void FSDPUnit::init_shards() {
                orig_dtype_, " like '", params_[0].fqn, "' (one dtype per unit)");
     FSDP_CHECK(at::isFloatingType(orig_dtype_), ErrorKind::kUnsupported, where("fully_shard"), "parameter '",
                p.fqn, "' has non-floating dtype ", orig_dtype_);
-    FSDP_CHECK(p.module_param.device().is_cpu(), ErrorKind::kUnsupported, where("fully_shard"),
-               "parameter '", p.fqn, "' is on ", p.module_param.device(), "; this build shards CPU parameters");
+    check_param_device(p, *group_, where("fully_shard"));
+  }
+  // [Note: deferred initialisation] Meta params on a real group: this rank's shards are
+  // allocated (zeros) on the group's device and written later by fsdp::materialize.
+  const c10::DeviceType device = group_->device_type();
+  values_pending_ = params_[0].module_param.is_meta() && device != c10::DeviceType::Meta;
+  if (values_pending_) {
+    for (auto& p : params_) p.move_meta_param_to(device);
   }
   const auto& mp = options_.mixed_precision;
   param_dtype_ = mp.param_dtype.value_or(orig_dtype_);
@@ -144,7 +161,7 @@ void FSDPUnit::init_shards() {
   build_reduce_layout();
   // One flat buffer holds this rank's padded shards of all params: it is the all-gather input
   // itself when no cast is needed.
-  sharded_flat_ = at::zeros({gather_layout_.shard_numel()}, at::dtype(orig_dtype_));
+  sharded_flat_ = at::zeros({gather_layout_.shard_numel()}, at::dtype(orig_dtype_).device(device));
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
     p.spec = gather_layout_.params[i];
@@ -281,6 +298,9 @@ void FSDPUnit::invalidate_unsharded() {
 }
 
 std::vector<at::Tensor> FSDPUnit::pre_forward(std::vector<at::Tensor> inputs) {
+  FSDP_CHECK(!values_pending_, ErrorKind::kState, where("forward"),
+             "the parameters were built on the meta device and this rank's shards hold no values yet: "
+             "call fsdp::materialize(root, init) after fully_shard_tree and before the first forward");
   if (detail::CheckpointRegion* replay = detail::replaying_region()) {
     // [Note: activation checkpointing] A use recorded by a checkpointed region's forward, run
     // again inside its backward: same index in the forward order, params gathered again, hooks

@@ -62,7 +62,7 @@ int validated_shard_size(const FullyShardOptions& o, int group_size, const Error
 }
 
 UnitGroups SubGroupCache::get(const comm::ProcessGroupPtr& group, int shard_size) {
-  const int n = group->size(), r = group->rank();
+  const int n = group->size();
   if (shard_size == n) return {group, nullptr};
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -76,8 +76,8 @@ UnitGroups SubGroupCache::get(const comm::ProcessGroupPtr& group, int shard_size
       if (shard && replicate) return {shard, replicate};
     }
   }
-  comm::ProcessGroupPtr shard = group->split(r / shard_size, r);
-  comm::ProcessGroupPtr replicate = shard_size == 1 ? group : group->split(r % shard_size, r);
+  comm::ProcessGroupPtr shard = group->split_blocks(shard_size, /*strided=*/false);
+  comm::ProcessGroupPtr replicate = shard_size == 1 ? group : group->split_blocks(shard_size, /*strided=*/true);
   std::lock_guard<std::mutex> lock(mu_);
   entries_.push_back({group, shard, shard_size == 1 ? nullptr : replicate, shard_size});
   return {shard, replicate};

@@ -37,12 +37,13 @@ ReduceScatterResult foreach_reduce_scatter(std::vector<FSDPParam>& params, const
   at::NoGradGuard no_grad;
   const int64_t world = layout.world_size, S = layout.shard_numel();
   ReduceScatterResult r;
-  r.input = at::empty({world * S}, at::dtype(reduce_dtype));
+  const auto options = at::dtype(reduce_dtype).device(group.device_type());  // meta on a simulated group
+  r.input = at::empty({world * S}, options);
   at::Tensor blocks = r.input.view({world, S});
   for (size_t j = 0; j < index.size(); ++j) {
     params[index[j]].take_unsharded_grad(blocks, layout.offsets[j], tag.unit);
   }
-  r.output = world == 1 ? r.input : at::empty({S}, at::dtype(reduce_dtype));
+  r.output = world == 1 ? r.input : at::empty({S}, options);
   r.work = group.reduce_scatter_tensor(r.output, r.input, comm::ReduceOp::kAvg, tag);
   return r;
 }

@@ -63,6 +63,18 @@ class Backend {
   virtual void barrier() = 0;
   /// Collective: the ranks with the same color form a new backend, ordered by (key, rank).
   virtual std::unique_ptr<Backend> split(int color, int key) = 0;
+  /// Collective: groups of ranks whose colors follow from the rank alone, ordered by rank:
+  /// strided false gives `block` consecutive ranks [k*block, (k+1)*block), strided true the
+  /// size() / block ranks with the same rank % block. block divides size() (checked by the
+  /// caller). The default is split(color, rank()) with color rank() / block or rank() % block; a
+  /// backend that cannot learn the other ranks' colors (SimulatedBackend) overrides it.
+  virtual std::unique_ptr<Backend> split_blocks(int block, bool strided) {
+    return split(strided ? rank() % block : rank() / block, rank());
+  }
+  /// True for a backend that simulates its ranks inside this process, holding none of their data
+  /// (SimulatedBackend, for dry runs). ProcessGroup then also passes it CPU tensors beside
+  /// device_type() ones, which the backend handles by its own rule or refuses.
+  virtual bool simulated() const { return false; }
   /// Ends every process of the job after an unrecoverable failure (a collective that timed out
   /// cannot be cancelled). Does not return. MPI: MPI_Abort on MPI_COMM_WORLD.
   [[noreturn]] virtual void abort_job(int code) = 0;

@@ -122,6 +122,16 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   /// (key, rank), sharing this group's stats(), flight recorder and options, named
   /// name() + "/split(color)". Every rank must call it in the same order as its other collectives.
   std::shared_ptr<ProcessGroup> split(int color, int key);
+  /// Collective over this group (blocking), like split: groups of `block` consecutive ranks
+  /// (strided false: color rank() / block) or of the ranks with the same rank() % block (strided
+  /// true), ordered by rank. Throws fsdp::Error (kInvalidArgument) unless block divides size().
+  /// The form every backend supports, the simulated one included (Backend::split_blocks).
+  std::shared_ptr<ProcessGroup> split_blocks(int block, bool strided);
+  /// Where this group's tensors live (the backend's device_type(): kCPU for MPI and threads,
+  /// kMeta for a simulated group).
+  c10::DeviceType device_type() const;
+  /// True when the ranks are simulated in this process without data (comm::simulated_world).
+  bool simulated() const;
 
   /// Counters of this group and of every group split from it (one object per family of groups).
   CommStats& stats() { return *stats_; }

@@ -36,11 +36,24 @@ struct FSDPParam {
   at::Tensor unsharded_padded;     ///< (world_size*rows_per_rank, d1, ...), param_dtype
 
   /// Makes this rank's shard: copies rows [row_offset(rank), +real_rows) of module_param into
-  /// `storage` (shape (rows_per_rank * row_numel), a slice of the unit's flat buffer), creates
-  /// sharded_param, and points module_param at unsharded_padded (param_dtype), which aliases the
-  /// storage when `alias` is true and is freed otherwise. spec must be set. Not collective.
+  /// `storage` (shape (rows_per_rank * row_numel), a slice of the unit's flat buffer; no copy when
+  /// module_param holds no values: a meta param, or one moved off the meta device), creates
+  /// sharded_param, and points module_param at unsharded_padded (param_dtype, on storage's
+  /// device), which aliases the storage when `alias` is true and is freed otherwise. spec must be
+  /// set. Not collective.
   void init_shard(const at::Tensor& storage, int64_t rank, c10::ScalarType param_dtype, bool alias);
 
+  /// Copies rows [row_offset(rank), +real_rows(rank)) of `full` (the param's unsharded shape,
+  /// any dtype) into sharded_storage. spec must be set. Not collective.
+  void copy_rows_from(const at::Tensor& full, int64_t rank);
+  /// Turns a module_param built on the meta device into an empty (shape [0]) tensor on `device`,
+  /// keeping the parameter object (TensorImpl), its name and requires_grad, before init_shard.
+  /// Call before anything took the param's gradient accumulator. No-op for a non-meta param.
+  void move_meta_param_to(c10::DeviceType device);
+  /// Points module_param back at its unsharded storage when allocated (aliasing or persistent
+  /// params), or at an empty tensor (shape [0]) when freed: the state after a write of full
+  /// values into module_param (fsdp::materialize).
+  void restore_module_param();
   /// Allocates unsharded_padded's storage (no-op when allocated) and points module_param at it.
   void alloc_unsharded();
   /// Frees unsharded_padded's storage (0 bytes); module_param then holds an empty tensor (shape

@@ -134,6 +134,15 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   /// unit's groups; the scheduler calls it on every rank for the same units.
   void reduce_pending_grads();
 
+  /// True while the unit's params were built on the meta device and fsdp::materialize has not
+  /// written this rank's rows yet ([Note: deferred initialisation], docs/architecture.md); a
+  /// forward then throws fsdp::Error (kState). Never true on a simulated group (no values).
+  bool values_pending() const { return values_pending_; }
+  /// Called by fsdp::materialize once every row of this rank is written. Not collective.
+  void set_values_materialized() { values_pending_ = false; }
+  /// This rank's flat shard buffer of all params (1-D, original dtype, padding included).
+  const at::Tensor& sharded_flat() const { return sharded_flat_; }
+
   /// Bytes this rank holds for the sharded params (padding included) / sharded grads.
   int64_t sharded_param_bytes() const;
   int64_t sharded_grad_bytes() const;
@@ -176,6 +185,7 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   c10::ScalarType param_dtype_ = c10::kFloat;
   c10::ScalarType reduce_dtype_ = c10::kFloat;
   bool params_alias_ = false;  // module params are the shard storage (no copy, never freed)
+  bool values_pending_ = false;  // meta params: rows to be written by fsdp::materialize
 
   TrainingState training_state_ = TrainingState::kIdle;
   ShardedState sharded_state_ = ShardedState::kSharded;

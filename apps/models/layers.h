@@ -1,0 +1,58 @@
+// Layers whose parameters are created on any device (the meta device included) and hold no
+// values until an initialisation writes them (fsdp::init_parameters or fsdp::materialize).
+// libtorch's torch::nn layers always allocate on the CPU and initialise in their constructors.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorOptions.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+
+namespace apps::models {
+
+/// y = x @ weight^T + bias. weight (out, in), bias (out) or undefined. One fused addmm for a
+/// contiguous (B, T, in) input (at::linear).
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in, int64_t out, bool bias, at::TensorOptions options);
+  at::Tensor forward(const at::Tensor& x);  // (..., in) -> (..., out)
+  at::Tensor weight, bias;
+};
+TORCH_MODULE(Linear);
+
+/// Token lookup: weight (num, dim); ids int64 (...) -> (..., dim).
+class EmbeddingImpl : public torch::nn::Module {
+ public:
+  EmbeddingImpl(int64_t num, int64_t dim, at::TensorOptions options);
+  at::Tensor forward(const at::Tensor& ids);
+  at::Tensor weight;
+};
+TORCH_MODULE(Embedding);
+
+/// LayerNorm over the last dim (eps 1e-5) with weight and bias (dim).
+class LayerNormImpl : public torch::nn::Module {
+ public:
+  LayerNormImpl(int64_t dim, at::TensorOptions options);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight, bias;
+
+ private:
+  int64_t dim_;
+};
+TORCH_MODULE(LayerNorm);
+
+/// RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight, computed in fp32 (Llama).
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps, at::TensorOptions options);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+}  // namespace apps::models
