@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "fsdp/comm/simulated_backend.h"
 #include "fsdp/runtime/fully_shard.h"
 #include "models/gpt.h"
 #include "models/llama.h"
@@ -29,7 +30,8 @@ at::Tensor meta_loss(const ModelPtr& model, int64_t rows, int64_t T, int64_t voc
 DryRunReport run_dry_run(const TrainConfig& c) {
   const int n = c.dry_run_world_size;
   const BatchGeometry batch = resolve_batch(c, n);
-  const fsdp::FullyShardOptions blocks = resolve_fsdp_options(c);
+  // The options as the job would resolve them (--hybrid-shard-group-size host: one simulated host).
+  const fsdp::FullyShardOptions blocks = resolve_fsdp_options(c, *fsdp::comm::simulated_world(n, c.dry_run_rank));
   const fsdp::FullyShardOptions root = root_options_of(blocks);
   fsdp::DryRunSpec spec;
   spec.world_size = n;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <vector>
 
 #include "fsdp/common/check.h"
 
@@ -13,7 +14,7 @@ namespace {
 
 class SimulatedBackend final : public Backend {
  public:
-  SimulatedBackend(int rank, int size) : rank_(rank), size_(size) {}
+  SimulatedBackend(int rank, int size) : rank_(rank), size_(size), hosts_(static_cast<size_t>(size), 0) {}
 
   std::string name() const override { return "simulated"; }
   int rank() const override { return rank_; }
@@ -21,6 +22,8 @@ class SimulatedBackend final : public Backend {
   c10::DeviceType device_type() const override { return c10::DeviceType::Meta; }
   int64_t max_elements() const override { return std::numeric_limits<int64_t>::max(); }
   bool simulated() const override { return true; }
+  // One host: a dry run accounts bytes per rank, not where they travel.
+  const std::vector<int>& host_of_ranks() const override { return hosts_; }
 
   void all_gather(const at::Tensor& output, const at::Tensor& input) override {
     if (output.is_meta()) return;
@@ -64,6 +67,7 @@ class SimulatedBackend final : public Backend {
 
   int rank_;
   int size_;
+  std::vector<int> hosts_;  // all on host 0
 };
 
 }  // namespace

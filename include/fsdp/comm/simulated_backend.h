@@ -14,7 +14,7 @@ namespace fsdp::comm {
 /// this rank's input in every block (the cross-rank consistency checks and the collective check
 /// then pass, as they would in a job whose ranks are built alike); every other collective of a
 /// CPU tensor needs the other ranks' values and throws fsdp::Error (kUnsupported) naming the op.
-/// split_blocks() works (its groups follow from the rank); split(color, key) throws
+/// split_blocks() works (its groups follow from the rank); all ranks count as one host; split(color, key) throws
 /// fsdp::Error (kUnsupported): the other ranks' colors are unknown.
 /// Not collective. Throws fsdp::Error (kInvalidArgument) unless 1 <= world_size and
 /// 0 <= rank < world_size.
