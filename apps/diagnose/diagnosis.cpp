@@ -128,12 +128,15 @@ std::string diagnose(const std::vector<Dump>& dumps, int world_size) {
     for (const auto& d : dumps) {
       present.insert(d.rank);
       const Entry* w = waiting_in(d);
-      if (w && w->error.find("was suspended for ") != std::string::npos) {
-        const auto at = w->error.find("suspended for ") + 14;
+      if (w && w->error.find("was suspended ") != std::string::npos) {
+        const auto at = w->error.find("suspended for ");
         std::ostringstream line;
-        line << "rank " << d.rank << " was suspended for " << std::fixed << std::setprecision(1)
-             << std::strtod(w->error.c_str() + at, nullptr) << " s while in " << describe(*w)
-             << " (stopped, swapped out or descheduled): the others waited for it";
+        line << "rank " << d.rank << " was suspended";
+        if (at != std::string::npos) {
+          line << " for " << std::fixed << std::setprecision(1) << std::strtod(w->error.c_str() + at + 14, nullptr)
+               << " s";
+        }
+        line << " while in " << describe(*w) << " (stopped, swapped out or descheduled): the others waited for it";
         suspended.push_back(line.str());
         continue;
       }

@@ -187,13 +187,17 @@ def test_import_optimizer(opts, tmp, ck, full_pt):
         man = json.load(f)
     for k in ("step", "lr_step", "sampler_pos"):
         man["train_state"]["ints"][k] = 0
+    man["train_state"]["ints"]["optimizer_step_offset"] = 3  # AdamW's 3 steps came before step 0
     with open(os.path.join(reset, "manifest.json"), "w") as f:
         json.dump(man, f)
     w3, o3 = os.path.join(tmp, "w3.pt"), os.path.join(tmp, "adamw3.pt")
     checkpoint_as_plain_run(src, w3, o3)
     m_r, m_p, m_w = (os.path.join(tmp, x) for x in ("ro.jsonl", "po.jsonl", "wo.jsonl"))
     launch(["--steps", "3", "--resume", reset, "--metrics", m_r], 2, opts)
-    launch(["--steps", "3", "--import", w3, "--import-optimizer", o3, "--metrics", m_p], 2, opts)
+    ck_p = os.path.join(tmp, "ck-imported")
+    launch(["--steps", "3", "--import", w3, "--import-optimizer", o3, "--metrics", m_p, "--save", ck_p], 2, opts)
+    # Its checkpoint (optimizer steps 6 at step 3: 3 of them imported) resumes.
+    launch(["--steps", "4", "--resume", ck_p, "--metrics", os.path.join(tmp, "po2.jsonl")], 2, opts)
     launch(["--steps", "3", "--import", w3, "--metrics", m_w], 2, opts)
     r, p, w = losses(m_r), losses(m_p), losses(m_w)
     check(sorted(p) == [1, 2, 3] and all(p[s] == r[s] for s in (1, 2, 3)),
@@ -305,8 +309,8 @@ def test_resume(opts, tmp):
     check(p.returncode == 1 and "no-optimizer.pt" in error_line(p) and not events(m_e, "step"),
           "missing --import-optimizer file: exit %d, %r" % (p.returncode, error_line(p)))
     p = launch(["--steps", "1", "--import-optimizer", missing], 1, opts, expect_ok=False)
-    usage = [l for l in p.stderr.splitlines() if l.startswith("--import-optimizer:")]  # CLI11's line
-    check(p.returncode == 2 and usage and "needs --import" in usage[0] and not error_line(p),
+    usage = error_line(p)  # one line: "fsdp-train: error: --import-optimizer: ... needs --import"
+    check(p.returncode == 2 and "--import-optimizer" in usage and "needs --import" in usage,
           "--import-optimizer without --import: exit %d, %r" % (p.returncode, usage))
 
     test_import_optimizer(opts, tmp, ck, full_pt)

@@ -2,12 +2,15 @@
 #include "train/checkpointing.h"
 
 #include <ATen/ops/tensor.h>
+#include <algorithm>
 #include <vector>
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/export.h"
 #include "fsdp/checkpoint/import_optimizer.h"
 #include "fsdp/common/check.h"
+#include "fsdp/optim/optimizer_state.h"
+#include "fsdp/runtime/fully_shard.h"
 #include "train/errors.h"
 #include "train/reporting.h"
 #include "train/resume_checks.h"
@@ -38,6 +41,11 @@ Resumed resume(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& m
         io.param_names = fsdp::checkpoint::optimizer_param_names(model, optimizer);
         fsdp::checkpoint::import_optimizer(c.import_optimizer_path, model, optimizer, group, io);
       });
+      for (const auto& sp : fsdp::sharded_parameters(model)) {
+        if (const auto state = fsdp::optim::get_param_state(optimizer, sp.tensor)) {
+          r.progress.optimizer_step_offset = std::max(r.progress.optimizer_step_offset, state->step);
+        }
+      }
     }
     return r;
   }
@@ -62,6 +70,7 @@ Saved save(const TrainConfig& c, const TrainProgress& progress,
   fsdp::checkpoint::TrainState st;
   st.ints["step"] = progress.step;
   st.ints["lr_step"] = progress.lr_step;
+  if (progress.optimizer_step_offset > 0) st.ints["optimizer_step_offset"] = progress.optimizer_step_offset;
   st.ints["sampler_pos"] = progress.batch_pos * c.global_batch_size;
   st.tensors["rng"] = fsdp::checkpoint::cpu_rng_state();
   loss_scaling.save_state(st);

@@ -45,11 +45,15 @@ TrainProgress validated_progress(const TrainConfig& c, const std::string& path,
                                                     p.step * G, sampler_pos));
   }
   p.batch_pos = sampler_pos / G;
+  if (st.ints.count("optimizer_step_offset")) p.optimizer_step_offset = need("optimizer_step_offset");
+  const int64_t max_optimizer_step = p.step + p.optimizer_step_offset;
   for (const auto& sp : fsdp::sharded_parameters(model)) {
     const auto state = fsdp::optim::get_param_state(optimizer, sp.tensor);
-    if (state && (state->step < 0 || state->step > p.step)) {
+    if (state && (state->step < 0 || state->step > max_optimizer_step)) {
       fail("is inconsistent with the optimizer state: parameter '" + sp.name + "' " +
-           fsdp::expected_actual("optimizer step", "in [0, " + s(p.step) + "] ('step')", state->step));
+           fsdp::expected_actual("optimizer step",
+                                 "in [0, " + s(max_optimizer_step) + "] ('step' + 'optimizer_step_offset')",
+                                 state->step));
     }
   }
   if (auto it = st.doubles.find("grad_scale"); it != st.doubles.end()) {

@@ -242,6 +242,11 @@ class MiniUnpickler {
     const Global& g = std::get<Global>(fn.v);
     List& a = list_of(args);
     if (g.module == "collections" && g.name == "OrderedDict") return make(Dict{});
+    // libtorch's C++ torch::save of a typed container wraps it with its type string.
+    if (g.module == "torch.jit._pickle" && g.name == "restore_type_tag" && a.size() == 2 &&
+        std::holds_alternative<Dict>(a[0]->v)) {
+      return a[0];
+    }
     if (g.module == "torch._utils" && g.name == "_rebuild_parameter" && a.size() >= 1 &&
         std::holds_alternative<at::Tensor>(a[0]->v)) {
       return a[0];

@@ -96,9 +96,13 @@ void run_nonblocking(const char* call, int rank, double deadline_s, Start&& star
     if (t > deadline_s) {
       throw Error(ErrorKind::kTimeout, ErrorContext{rank, "", call},
                   str_cat("not complete after ", t - t0, " s (deadline reached)",
-                          suspended_s > 0 ? str_cat("; this rank was suspended for ", suspended_s,
-                                                    " s of the wait (stopped, swapped out or descheduled)")
-                                          : std::string()));
+                          suspended_s > 0
+                              ? str_cat("; this rank was suspended for ", suspended_s,
+                                        " s of the wait (stopped, swapped out or descheduled)")
+                              : t - t0 < kSuspendGap_s
+                                    ? str_cat("; this rank was suspended before it could wait: it reached ",
+                                              "the wait only ", t - t0, " s before ending it")
+                                    : std::string()));
     }
     if (t - t0 > kLongWait_s) {
       std::this_thread::sleep_for(kIdleSleep);
