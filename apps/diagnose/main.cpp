@@ -1,6 +1,6 @@
 // fsdp-diagnose DIR: says who is where from the flight-recorder dumps a job's ranks wrote
 // (FSDP_FLIGHT_RECORDER_DIR, or fsdp-train's default beside --metrics) after a collective timed out
-// or failed. Exit 0 with the paragraph; 2 for a bad argument.
+// or failed. Exit 0 with the paragraph; 1 when every dump there is unreadable; 2 for a bad argument.
 #include <iostream>
 
 #include "diagnose/diagnosis.h"
@@ -14,6 +14,11 @@ int main(int argc, char** argv) {
     std::vector<std::string> problems;
     auto dumps = apps::diagnose::read_dumps(argv[1], &problems);
     for (const auto& p : problems) std::cerr << "fsdp-diagnose: skipped " << p << "\n";
+    if (dumps.empty() && !problems.empty()) {
+      std::cerr << "fsdp-diagnose: error: no readable flight-recorder dump in '" << argv[1] << "' ("
+                << problems.size() << " unreadable)" << std::endl;
+      return 1;
+    }
     std::cout << apps::diagnose::diagnose(dumps) << std::endl;
     return 0;
   } catch (const std::exception& e) {

@@ -32,6 +32,7 @@ int64_t parse_count(const std::string& text) {
   else if (!unit.empty()) throw UsageError("--params '" + text + "' is not a count like 7e9, 7B or 350M");
   const double n = std::round(v * mult);
   if (!(n >= 1)) throw UsageError("--params must be at least 1, got '" + text + "'");
+  if (n > 1e15) throw UsageError("--params '" + text + "' is above 1e15 parameters");
   return static_cast<int64_t>(n);
 }
 
@@ -53,8 +54,10 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int* exit_code)
       "  mpirun -n 2 fsdp-plan --calibrate --out PROFILE.json   (measures this machine)"};
   app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   std::vector<std::string> models = fp::model_preset_names();
-  auto positive = CLI::PositiveNumber;
-  auto non_negative = CLI::NonNegativeNumber;
+  // Bounds wide enough for any real plan, printed readably (CLI11's NonNegativeNumber prints the
+  // largest double).
+  auto positive = CLI::Range(int64_t(1), int64_t(1) << 40);
+  auto non_negative = CLI::Range(int64_t(0), int64_t(1) << 40);
 
   app.add_option("--model", f.model, "Model preset: fsdp-train's GPTs or the Llama-2 decoders")
       ->check(CLI::IsMember(models))->group("Model");
@@ -260,7 +263,18 @@ fp::PlanInputs resolve_inputs(const PlanFlags& f) {
   }
   in.profile = fp::load_profile(f.profile);
   if (f.compute_efficiency) in.profile.compute_efficiency = *f.compute_efficiency;
-  if (!f.memory_per_rank.empty()) in.memory_per_rank_bytes = fp::parse_bytes(f.memory_per_rank);
+  if (!f.memory_per_rank.empty()) {
+    try {
+      in.memory_per_rank_bytes = fp::parse_bytes(f.memory_per_rank);
+    } catch (const fsdp::Error& e) {
+      throw UsageError("--memory-per-rank '" + f.memory_per_rank + "' is not a byte count like 80GB, 80GiB or 512MiB");
+    }
+    if (in.memory_per_rank_bytes <= 0) throw UsageError("--memory-per-rank must be more than 0 bytes");
+  }
+  if (f.ranks_per_node > 0 && N % f.ranks_per_node != 0) {
+    throw UsageError("--ranks-per-node " + std::to_string(f.ranks_per_node) + " does not divide --world-size " +
+                     std::to_string(N) + " (every node holds the same number of ranks)");
+  }
   in.headroom = f.headroom;
   if (f.rank >= N) throw UsageError("--rank " + std::to_string(f.rank) + " is not below --world-size " + std::to_string(N));
   in.rank = f.rank;

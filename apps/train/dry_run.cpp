@@ -29,7 +29,10 @@ at::Tensor meta_loss(const ModelPtr& model, int64_t rows, int64_t T, int64_t voc
 
 DryRunReport run_dry_run(const TrainConfig& c) {
   const int n = c.dry_run_world_size;
-  const BatchGeometry batch = resolve_batch(c, n);
+  // Model state does not depend on the batch (activations are not accounted): one micro-batch of
+  // --micro-batch-size sequences, default 1, whatever --global-batch-size says.
+  BatchGeometry batch;
+  batch.micro = c.micro_batch_size > 0 ? c.micro_batch_size : 1;
   // The options as the job would resolve them (--hybrid-shard-group-size host: one simulated host).
   const fsdp::FullyShardOptions blocks = resolve_fsdp_options(c, *fsdp::comm::simulated_world(n, c.dry_run_rank));
   const fsdp::FullyShardOptions root = root_options_of(blocks);

@@ -37,7 +37,7 @@ std::vector<std::string> config_file_args(const std::string& path, CLI::App& app
     if (opt == nullptr || name == "config" || name == "help") {
       throw CLI::ValidationError("--config", "config file '" + path + "': unknown key '" +
                                                  std::string(key.str()) +
-                                                 "' (keys are the long flag names, see --help)");
+                                                 "' (keys are the long flag names)");
     }
     std::string value;
     if (auto s = node.value<std::string>(); s && node.is_string()) {
@@ -88,7 +88,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   constexpr int64_t kMaxSize = int64_t(1) << 30;
 
   // Model
-  app.add_option("--model", c.model, "Model preset (llama2-* with --dry-run only)")
+  app.add_option("--model", c.model, "Model preset (llama-tiny and llama2-* with --dry-run only)")
       ->check(CLI::IsMember({"nano", "micro", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama-tiny",
                              "llama2-7b", "llama2-13b", "llama2-70b"}))
       ->group("Model");
@@ -313,10 +313,25 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       }
     }
     if (c.dry_run != (c.dry_run_world_size > 0)) {
-      throw CLI::ValidationError("--dry-run/--world-size", "are given together (--dry-run --world-size N)");
+      throw CLI::ValidationError("--dry-run/--world-size", "must be given together (--dry-run --world-size N)");
     }
+    if (!c.dry_run && c.dry_run_rank != 0) throw CLI::ValidationError("--dry-run-rank", "needs --dry-run");
     if (c.dry_run && c.dry_run_rank >= c.dry_run_world_size) {
       throw CLI::ValidationError("--dry-run-rank", "must be below --world-size");
+    }
+    if (c.dry_run) {  // a dry run trains nothing and reads no data: flags about that would be ignored
+      const std::pair<const char*, bool> ignored[] = {
+          {"--save", !c.save.empty()}, {"--resume", !c.resume.empty()}, {"--import", !c.import_path.empty()},
+          {"--import-optimizer", !c.import_optimizer_path.empty()}, {"--export", !c.export_path.empty()},
+          {"--data", !c.data.empty()}, {"--memory-budget", !c.memory_budget.empty()},
+          {"--activation-checkpointing", c.activation_checkpointing}, {"--metrics", !c.metrics.empty()},
+          {"--trace", !c.trace.empty()}};
+      for (const auto& [flag, given] : ignored) {
+        if (given) {
+          throw CLI::ValidationError(flag, "has no effect with --dry-run (which accounts model state only, "
+                                           "without data, training or files)");
+        }
+      }
     }
     if (!c.dry_run && c.model.rfind("llama", 0) == 0) {
       throw CLI::ValidationError("--model", c.model + " is available with --dry-run only (fsdp-train trains "
