@@ -283,6 +283,10 @@ json end_event(const RunTotals& t) {
 }
 
 std::string done_line(const RunTotals& t) {
+  // A finished run resumed again (a job script relaunched): nothing trained, nothing to average.
+  if (t.start_step >= t.steps) {
+    return "done: nothing to train, the run resumed at step " + std::to_string(t.start_step) + " = --steps";
+  }
   char buf[256];
   std::snprintf(buf, sizeof(buf),
                 "done: train loss %.4f -> %.4f, val loss %.4f, %.1f s total, %s tok/s mean",

@@ -297,11 +297,9 @@ void Trainer::run() {
   CollectiveTrace comm_trace(trace_, group_);  // the trace's origin, on every rank
   const auto run_start = Clock::now();
   const int64_t start_step = facts_.start_step;
-  if (start_step >= cfg_.steps) {
+  if (start_step > cfg_.steps) {
     throw UsageError("--resume " + facts_.resumed_from + " is at step " + std::to_string(start_step) +
-                     (start_step == cfg_.steps ? ", which is --steps: nothing to train"
-                                               : ", beyond --steps " + std::to_string(cfg_.steps)) +
-                     " (raise --steps to train on)");
+                     ", beyond --steps " + std::to_string(cfg_.steps) + " (raise --steps to train on)");
   }
   const int64_t tokens_per_step = cfg_.global_batch_size * cfg_.seq_len;
   double train_seconds = 0.0, first_loss = NAN, last_loss = NAN;
