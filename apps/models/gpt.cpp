@@ -1,5 +1,9 @@
 #include "models/gpt.h"
 
+#include <algorithm>
+
+#include "fsdp/planner/model_spec.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/arange.h>
@@ -43,25 +47,20 @@ std::vector<std::string> gpt_preset_names() {
 }
 
 GPTConfig gpt_preset(const std::string& name, int64_t vocab_size) {
-  GPTConfig c;
-  c.vocab_size = vocab_size;
-  auto set = [&](int64_t layers, int64_t heads, int64_t width, int64_t ctx) {
-    c.n_layer = layers;
-    c.n_head = heads;
-    c.n_embd = width;
-    c.block_size = ctx;
-  };
-  if (name == "nano") set(4, 4, 128, 256);
-  else if (name == "micro") set(6, 6, 384, 256);
-  else if (name == "gpt2") set(12, 12, 768, 1024);
-  else if (name == "gpt2-medium") set(24, 16, 1024, 1024);
-  else if (name == "gpt2-large") set(36, 20, 1280, 1024);
-  else if (name == "gpt2-xl") set(48, 25, 1600, 1024);
-  else {
+  const auto names = gpt_preset_names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
     std::string known;
-    for (const auto& n : gpt_preset_names()) known += (known.empty() ? "" : ", ") + n;
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
     throw std::invalid_argument("unknown model preset '" + name + "' (known: " + known + ")");
   }
+  // The shapes live once, in the planner, so plans and trained models cannot drift apart.
+  const fsdp::planner::GptShape g = fsdp::planner::gpt_shape(name, vocab_size);
+  GPTConfig c;
+  c.vocab_size = g.vocab_size;
+  c.n_layer = g.n_layer;
+  c.n_head = g.n_head;
+  c.n_embd = g.n_embd;
+  c.block_size = g.block_size;
   return c;
 }
 

@@ -1,5 +1,9 @@
 #include "models/llama.h"
 
+#include <algorithm>
+
+#include "fsdp/planner/model_spec.h"
+
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/outer.h>
@@ -23,26 +27,32 @@ int64_t LlamaConfig::num_params() const {
 std::vector<std::string> llama_preset_names() { return {"llama-tiny", "llama2-7b", "llama2-13b", "llama2-70b"}; }
 
 LlamaConfig llama_preset(const std::string& name) {
-  LlamaConfig c;
-  auto set = [&](int64_t d, int64_t layers, int64_t heads, int64_t kv, int64_t ffn) {
-    c.d_model = d;
-    c.n_layer = layers;
-    c.n_head = heads;
-    c.n_kv_head = kv;
-    c.ffn = ffn;
-  };
-  if (name == "llama2-7b") set(4096, 32, 32, 32, 11008);
-  else if (name == "llama2-13b") set(5120, 40, 40, 40, 13824);
-  else if (name == "llama2-70b") set(8192, 80, 64, 8, 28672);
-  else if (name == "llama-tiny") {
-    set(64, 2, 4, 2, 172);
-    c.vocab_size = 512;
-    c.max_seq = 256;
-  } else {
+  const auto names = llama_preset_names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
     std::string known;
-    for (const auto& n : llama_preset_names()) known += (known.empty() ? "" : ", ") + n;
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
     throw std::invalid_argument("unknown Llama preset '" + name + "' (known: " + known + ")");
   }
+  LlamaConfig c;
+  if (name == "llama-tiny") {  // for tests only
+    c.d_model = 64;
+    c.n_layer = 2;
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.ffn = 172;
+    c.vocab_size = 512;
+    c.max_seq = 256;
+    return c;
+  }
+  // The public Llama-2 shapes live once, in the planner, so plans and built models cannot drift.
+  const fsdp::planner::LlamaShape l = fsdp::planner::llama_shape(name);
+  c.d_model = l.n_embd;
+  c.n_layer = l.n_layer;
+  c.n_head = l.n_head;
+  c.n_kv_head = l.n_kv_head;
+  c.ffn = l.ffn_hidden;
+  c.vocab_size = l.vocab_size;
+  c.max_seq = l.context;
   return c;
 }
 

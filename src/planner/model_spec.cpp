@@ -65,7 +65,7 @@ GptShape gpt_shape(const std::string& preset, int64_t vocab_size) {
     g.n_embd = width;
     g.block_size = ctx;
   };
-  // The table of apps/models/gpt.cpp:gpt_preset.
+  // fsdp-train builds its GPT presets from this table (apps/models/gpt.cpp:gpt_preset).
   if (preset == "nano") set(4, 4, 128, 256);
   else if (preset == "micro") set(6, 6, 384, 256);
   else if (preset == "gpt2") set(12, 12, 768, 1024);
