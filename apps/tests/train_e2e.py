@@ -339,8 +339,23 @@ BUDGET_MODEL = ["--model", "micro", "--n-layer", "6", "--n-embd", "384", "--glob
 BUDGET, BUDGET_BYTES = "210MB", 210e6
 
 
+def plan_budget(opts, n):
+    """fsdp-plan's prediction for the demo at N = n: {strategy: (fits, peak_bytes)}."""
+    plan_bin = os.path.join(os.path.dirname(opts.bin), "fsdp-plan")
+    p = subprocess.run([plan_bin] + BUDGET_MODEL + ["--world-size", str(n), "--memory-per-rank", BUDGET,
+                                                    "--headroom", "0", "--json"],
+                       capture_output=True, text=True, timeout=60)
+    check(p.returncode == 0, "fsdp-plan for the demo at N=%d: exit %d %s" % (n, p.returncode, p.stderr[-300:]))
+    return {s["strategy"]: (s["fits"], s["peak"]["peak_bytes"]) for s in json.loads(p.stdout)["strategies"]}
+
+
 def test_budget(opts, tmp):
     for n in (2, 4):
+        # fsdp-plan predicts both outcomes before anything runs.
+        plan = plan_budget(opts, n)
+        check(not plan["no_shard"][0] and plan["full_shard"][0],
+              "N=%d fsdp-plan under %s: no_shard does not fit (peak %.1f MB), full_shard fits (%.1f MB)" %
+              (n, BUDGET, plan["no_shard"][1] / 1e6, plan["full_shard"][1] / 1e6))
         ck = os.path.join(tmp, "ck%d" % n)
         m = os.path.join(tmp, "ns%d.jsonl" % n)
         p = launch(BUDGET_MODEL + ["--strategy", "no_shard", "--memory-budget", BUDGET, "--steps", "3",
@@ -364,6 +379,10 @@ def test_budget(opts, tmp):
         check(len(steps) == 4 and steps[-1]["loss"] < steps[0]["loss"] and peak <= BUDGET_BYTES,
               "N=%d full_shard under %s trains 4 steps, loss %.3f -> %.3f, peak %.1f MB" %
               (n, BUDGET, steps[0]["loss"], steps[-1]["loss"], peak / 1e6))
+        planned = plan["full_shard"][1]
+        check(abs(planned - peak) <= 0.05 * peak,
+              "N=%d full_shard: fsdp-plan's peak %.1f MB within 5%% of the measured %.1f MB" %
+              (n, planned / 1e6, peak / 1e6))
 
 
 def main():
