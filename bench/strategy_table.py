@@ -93,7 +93,7 @@ def main():
                 last = steps[-1]
                 mem, comm = last["mem"], last["comm"]
                 state = mem["param_shard_bytes"] + mem["grad_shard_bytes"] + mem["optim_state_bytes"]
-                cbytes = sum(v for k, v in comm.items() if k.endswith("_bytes") and not k.startswith("barrier"))
+                cbytes = sum(comm.get(f"{k}_bytes", 0) for k in ("all_gather", "reduce_scatter", "all_reduce", "broadcast"))
                 ms = p["model_state"]
                 planned = ms["sharded_param_bytes"] + ms["sharded_grad_bytes"] + ms["optim_state_bytes"]
                 name = s + (f" (G={p['shard_group_size']})" if s == "hybrid_shard" else "")

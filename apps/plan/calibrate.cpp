@@ -2,10 +2,17 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
+#include <sched.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +23,9 @@
 #include <vector>
 
 #include "fsdp/common/cpu_info.h"
+#include "fsdp/planner/time_model.h"
+#include "models/gpt.h"
+#include "models/llama.h"
 
 namespace apps::plan {
 namespace fp = fsdp::planner;
@@ -99,6 +109,116 @@ double matmul_rate(const fp::ModelSpec& m, int64_t rows, at::ScalarType dtype, f
   return across_ranks(g, {flops / seconds}, /*min=*/true)[0];
 }
 
+// A module of the model's architecture (its layers cut to `n_layer`) and its vocabulary.
+std::shared_ptr<torch::nn::Module> build_module(const fp::Architecture& a, int64_t n_layer) {
+  if (a.kind == fp::BlockKind::kGpt) {
+    apps::models::GPTConfig c;
+    c.vocab_size = a.vocab_size;
+    c.n_layer = n_layer;
+    c.n_head = a.n_head;
+    c.n_embd = a.n_embd;
+    c.block_size = a.context;
+    c.attention = a.attention;
+    return apps::models::GPT(c).ptr();
+  }
+  apps::models::LlamaConfig c;
+  c.vocab_size = a.vocab_size;
+  c.n_layer = n_layer;
+  c.n_head = a.n_head;
+  c.n_kv_head = a.n_kv_head;
+  c.d_model = a.n_embd;
+  c.ffn = a.ffn_hidden;
+  c.max_seq = a.context;
+  return apps::models::Llama(c).ptr();
+}
+
+at::Tensor forward_logits(const std::shared_ptr<torch::nn::Module>& m, const fp::Architecture& a, const at::Tensor& idx) {
+  if (a.kind == fp::BlockKind::kGpt) return std::static_pointer_cast<apps::models::GPTImpl>(m)->forward(idx);
+  return std::static_pointer_cast<apps::models::LlamaImpl>(m)->forward(idx);
+}
+
+struct ModelRate {
+  double flops_per_s = 0.0;
+  int64_t n_layer = 0;  ///< layers of the module measured
+};
+
+// [Note: model rate] The FLOP rate a training forward + backward of the model reaches: the
+// module built with the model's shapes (its blocks cut so that every rank's copy, its gradients
+// and a working margin take at most half of this node's memory), random tokens of micro-batch x
+// seq_len, the loss as fsdp-train computes it, all ranks at once; FLOPs from the planner's
+// unit_flops (root + blocks), so the time model divides the same count by this rate.
+ModelRate model_rate(const fp::ModelSpec& m, const fp::StepSetup& step, at::ScalarType dtype, int64_t ranks_on_node,
+                     fsdp::comm::ProcessGroup& g) {
+  const fp::Architecture& a = m.arch;
+  const double block_bytes = 16.0 * static_cast<double>(m.units.size() > 1 ? m.units[1].numel() : 0);
+  const double root_bytes = 16.0 * static_cast<double>(m.units[0].numel());
+  const double budget = 0.5 * static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                        static_cast<double>(sysconf(_SC_PAGESIZE)) / static_cast<double>(ranks_on_node);
+  int64_t layers = a.n_layer;
+  while (layers > 1 && root_bytes + static_cast<double>(layers) * block_bytes > budget) --layers;
+  std::shared_ptr<torch::nn::Module> module = build_module(a, layers);
+  module->to(dtype);
+  const at::Tensor idx = at::randint(a.vocab_size, {step.micro_batch_size, step.seq_len}, at::kLong);
+  auto once = [&] {
+    for (auto& p : module->parameters()) p.mutable_grad() = at::Tensor();
+    at::Tensor logits = forward_logits(module, a, idx);
+    torch::nn::functional::cross_entropy(logits.reshape({-1, a.vocab_size}).to(at::kFloat), idx.reshape({-1}))
+        .backward();
+  };
+  g.barrier()->wait();  // all ranks compute at once, as in training
+  once();
+  std::vector<double> t;
+  double total = 0;
+  while ((total < 1.0 && t.size() < 9) || t.size() < 3) {
+    const double t0 = now_s();
+    once();
+    t.push_back(now_s() - t0);
+    total += t.back();
+  }
+  const double flops = fp::unit_flops(m, 0, step).forward + fp::unit_flops(m, 0, step).backward +
+                       static_cast<double>(layers) * (fp::unit_flops(m, 1, step).forward + fp::unit_flops(m, 1, step).backward);
+  return {across_ranks(g, {flops / median(t)}, /*min=*/true)[0], layers};
+}
+
+// Seconds per element of the step update (profile.h step_update_s_per_elem_*) for an optimizer:
+// one fp32 parameter of 4M elements (beyond the caches) and its gradient; the finite check, the
+// norm, the clipping scale, the optimizer's step and zero_grad, as fsdp-train runs them after
+// backward; all ranks at once; median of 7 after a warm-up.
+double step_update_rate(fp::OptimizerKind kind, fsdp::comm::ProcessGroup& g) {
+  const int64_t E = int64_t{1} << 22;
+  at::Tensor p = at::randn({E}).requires_grad_(true);
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (kind == fp::OptimizerKind::kAdamW) {
+    opt = std::make_unique<torch::optim::AdamW>(std::vector<at::Tensor>{p}, torch::optim::AdamWOptions(1e-4));
+  } else {
+    opt = std::make_unique<torch::optim::SGD>(
+        std::vector<at::Tensor>{p},
+        torch::optim::SGDOptions(1e-4).momentum(kind == fp::OptimizerKind::kSgdMomentum ? 0.9 : 0.0));
+  }
+  auto once = [&] {
+    p.mutable_grad() = at::randn({E});
+    const double t0 = now_s();
+    at::Tensor gr = p.grad();
+    const bool finite = at::isfinite(gr).all().item<bool>();
+    const double norm = at::linalg_vector_norm(gr, 2).item<double>();
+    if (finite && norm > 0) gr.mul_(std::min(1.0, 1.0 / norm));
+    opt->step();
+    opt->zero_grad();
+    return now_s() - t0;
+  };
+  g.barrier()->wait();
+  once();
+  std::vector<double> t;
+  for (int r = 0; r < 7; ++r) t.push_back(once());
+  return across_ranks(g, {median(t) / static_cast<double>(E)}, /*min=*/false)[0];
+}
+
+int64_t cores_available() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max<int64_t>(1, sysconf(_SC_NPROCESSORS_ONLN));
+}
+
 int64_t ranks_on_this_node(int64_t world) {
   if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max(1, std::atoi(s));
   return world;
@@ -163,6 +283,44 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
                   p.matmul_flops_per_s_bf16 * 1e-9, p.matmul_flops_per_s_fp16 * 1e-9);
     log << buf << std::endl;
   }
+  std::string model_source = "model_flops_per_s: not measured (a parameter-count model has no module to run)";
+  if (m.arch.kind != fp::BlockKind::kNone) {
+    const ModelRate f32 = model_rate(m, in.step, at::kFloat, p.ranks_per_node, world);
+    const ModelRate b16 = model_rate(m, in.step, at::kBFloat16, p.ranks_per_node, world);
+    // fp16 only when asked for: CPUs without fp16 matmul units run it ~10x slower than bf16.
+    const bool fp16 = in.step.precision == fp::Precision::kFp16;
+    p.model_flops_per_s_fp32 = f32.flops_per_s;
+    p.model_flops_per_s_bf16 = b16.flops_per_s;
+    p.model_flops_per_s_fp16 = fp16 ? model_rate(m, in.step, at::kHalf, p.ranks_per_node, world).flops_per_s : 0.0;
+    model_source = "model_flops_per_s: a training forward + backward of " + m.name + " (" +
+                   std::to_string(f32.n_layer) + " of its " + std::to_string(m.arch.n_layer) + " blocks), " +
+                   std::to_string(in.step.micro_batch_size) + " x " + std::to_string(in.step.seq_len) +
+                   " tokens, cross-entropy loss; the planner's FLOPs of that module over the median seconds, "
+                   "slowest rank, all ranks at once; fp16 only with --mixed-precision fp16";
+    if (root) {
+      char buf[200];
+      std::snprintf(buf, sizeof(buf), "training forward + backward of %s: fp32 %.1f, bf16 %.1f GFLOP/s per rank%s",
+                    m.name.c_str(), p.model_flops_per_s_fp32 * 1e-9, p.model_flops_per_s_bf16 * 1e-9,
+                    fp16 ? (", fp16 " + std::to_string(p.model_flops_per_s_fp16 * 1e-9)).c_str() : "");
+      log << buf << std::endl;
+    }
+  }
+  p.step_update_s_per_elem_adamw = step_update_rate(fp::OptimizerKind::kAdamW, world);
+  p.step_update_s_per_elem_sgd_momentum = step_update_rate(fp::OptimizerKind::kSgdMomentum, world);
+  p.step_update_s_per_elem_sgd = step_update_rate(fp::OptimizerKind::kSgd, world);
+  // A rank's communication thread hides its collectives only on a core of its own.
+  const int64_t cores = cores_available();
+  p.comm_overlaps_compute = p.ranks_per_node * (flags.threads + 1) <= cores;
+  if (root) {
+    char buf[240];
+    std::snprintf(buf, sizeof(buf),
+                  "step update: adamw %.2f, sgd-momentum %.2f, sgd %.2f ns per element; communication %s compute "
+                  "(%lld ranks x (%d + 1) threads on %lld cores)",
+                  p.step_update_s_per_elem_adamw * 1e9, p.step_update_s_per_elem_sgd_momentum * 1e9,
+                  p.step_update_s_per_elem_sgd * 1e9, p.comm_overlaps_compute ? "overlaps" : "shares the cores of",
+                  static_cast<long long>(p.ranks_per_node), flags.threads, static_cast<long long>(cores));
+    log << buf << std::endl;
+  }
   p.sources = {
       "measured by fsdp-plan --calibrate at N = " + std::to_string(N) + " over MPI (ProcessGroup): all-gather, "
           "reduce-scatter, all-reduce of fp32 tensors of 4 KiB to 16 MiB, median of 5-9 runs, slowest rank; "
@@ -170,6 +328,11 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
       "matmul rates: at::mm of " + m.name + "'s forward shapes with " + std::to_string(rows) + " rows (micro-batch x "
           "sequence length), weighted by FLOPs, slowest rank, " + std::to_string(flags.threads) +
           " intra-op thread(s) per rank, all ranks at once",
+      model_source,
+      "step_update_s_per_elem: finite check, 2-norm, clip scale, the optimizer's step and zero_grad of one fp32 "
+          "parameter of 4M elements, median of 7, slowest rank, all ranks at once",
+      "comm_overlaps_compute: ranks on this node x (intra-op threads + 1 communication thread) <= the cores "
+          "this process may run on (" + std::to_string(cores) + ")",
       "memory_bytes: physical memory / ranks on this node"};
   return p;
 }

@@ -262,7 +262,14 @@ fp::PlanInputs resolve_inputs(const PlanFlags& f) {
     st.accumulation_steps = 1;
   }
   in.profile = fp::load_profile(f.profile);
-  if (f.compute_efficiency) in.profile.compute_efficiency = *f.compute_efficiency;
+  if (f.compute_efficiency) {
+    if (in.profile.model_flops_per_s(st.precision) > 0) {
+      throw UsageError("--compute-efficiency scales a profile's matmul peak; profile '" + in.profile.name +
+                       "' has a measured " + fp::to_string(st.precision) +
+                       " model rate (from --calibrate), which is already what a step reaches");
+    }
+    in.profile.compute_efficiency = *f.compute_efficiency;
+  }
   if (!f.memory_per_rank.empty()) {
     try {
       in.memory_per_rank_bytes = fp::parse_bytes(f.memory_per_rank);

@@ -50,6 +50,7 @@ json strategy_json(const StrategyPlan& s) {
                   {"wire_bytes", s.traffic.wire_bytes()}};
   j["time"] = {{"flops", s.time.flops},
                {"compute_s", s.time.compute_s},
+               {"update_s", s.time.update_s},
                {"comm_s", s.time.comm_s},
                {"exposed_comm_s", s.time.exposed_comm_s},
                {"step_s", s.time.step_s},
@@ -98,6 +99,7 @@ std::string plan_to_json(const Plan& plan) {
                  {"bucket_cap_bytes", st.bucket_cap_bytes},
                  {"clip_grad_norm", st.clip_grad_norm},
                  {"loss_scaling", st.loss_scaling},
+                 {"nonfinite_check", st.nonfinite_check},
                  {"rank", in.rank},
                  {"memory_per_rank_bytes", plan.memory_per_rank_bytes},
                  {"headroom", in.headroom},

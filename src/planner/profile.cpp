@@ -28,6 +28,7 @@ DeviceProfile dgx(const std::string& name) {
   p.ranks_per_node = 8;
   p.memory_bytes = 80'000'000'000;  // the datasheets' "80GB"
   LinkProfile nvlink, ib;
+  double hbm_bytes_per_s = 0.0;
   nvlink.alpha_s = 2e-6;
   ib.alpha_s = 6e-6;
   if (name == "h100") {
@@ -40,6 +41,9 @@ DeviceProfile dgx(const std::string& name) {
         "400 Gb/s InfiniBand (one per GPU: 50 GB/s per direction used here)",
         "alpha (latency per ring step) 2 us within a node, 6 us between nodes: assumed, not from a "
         "datasheet"};
+    p.sources.push_back("NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: GPU memory bandwidth 3.35TB/s (the step "
+                        "update's time: its bytes per element at this rate)");
+    hbm_bytes_per_s = 3.35e12;
     p.matmul_flops_per_s_fp32 = 67e12;
     p.matmul_flops_per_s_bf16 = 989.5e12;
     p.matmul_flops_per_s_fp16 = 989.5e12;
@@ -55,6 +59,9 @@ DeviceProfile dgx(const std::string& name) {
         "200 Gb/s HDR InfiniBand (one per GPU: 25 GB/s per direction used here)",
         "alpha (latency per ring step) 2 us within a node, 6 us between nodes: assumed, not from a "
         "datasheet"};
+    p.sources.push_back("NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM: GPU memory bandwidth 2,039GB/s (the "
+                        "step update's time: its bytes per element at this rate)");
+    hbm_bytes_per_s = 2.039e12;
     p.matmul_flops_per_s_fp32 = 19.5e12;
     p.matmul_flops_per_s_bf16 = 312e12;
     p.matmul_flops_per_s_fp16 = 312e12;
@@ -63,6 +70,12 @@ DeviceProfile dgx(const std::string& name) {
   }
   const CollectiveLinks links{nvlink, ib};
   p.all_gather = p.reduce_scatter = p.all_reduce = links;
+  using O = OptimizerKind;
+  p.step_update_s_per_elem_adamw = static_cast<double>(step_update_bytes_per_elem(O::kAdamW)) / hbm_bytes_per_s;
+  p.step_update_s_per_elem_sgd_momentum =
+      static_cast<double>(step_update_bytes_per_elem(O::kSgdMomentum)) / hbm_bytes_per_s;
+  p.step_update_s_per_elem_sgd = static_cast<double>(step_update_bytes_per_elem(O::kSgd)) / hbm_bytes_per_s;
+  p.comm_overlaps_compute = true;
   return p;
 }
 
@@ -100,7 +113,27 @@ LinkProfile link_from(const json& j, const std::string& where) {
 
 }  // namespace
 
+int64_t step_update_bytes_per_elem(OptimizerKind o) {
+  const int64_t grad_passes = 4 + 4 + 8 + 4;  // finite check, norm, clip (read + write), zero
+  if (o == OptimizerKind::kAdamW) return grad_passes + 28;
+  if (o == OptimizerKind::kSgdMomentum) return grad_passes + 20;
+  return grad_passes + 12;
+}
+
+double DeviceProfile::step_update_s_per_elem(OptimizerKind o) const {
+  if (o == OptimizerKind::kAdamW) return step_update_s_per_elem_adamw;
+  if (o == OptimizerKind::kSgdMomentum) return step_update_s_per_elem_sgd_momentum;
+  return step_update_s_per_elem_sgd;
+}
+
+double DeviceProfile::model_flops_per_s(Precision p) const {
+  if (p == Precision::kBf16) return model_flops_per_s_bf16;
+  if (p == Precision::kFp16) return model_flops_per_s_fp16;
+  return model_flops_per_s_fp32;
+}
+
 double DeviceProfile::flops_per_s(Precision p) const {
+  if (const double m = model_flops_per_s(p); m > 0) return m;
   double r = matmul_flops_per_s_fp32;
   if (p == Precision::kBf16) r = matmul_flops_per_s_bf16;
   if (p == Precision::kFp16) r = matmul_flops_per_s_fp16 > 0 ? matmul_flops_per_s_fp16 : matmul_flops_per_s_bf16;
@@ -132,6 +165,13 @@ std::string profile_to_json(const DeviceProfile& p) {
                              {"bf16", p.matmul_flops_per_s_bf16},
                              {"fp16", p.matmul_flops_per_s_fp16}};
   j["compute_efficiency"] = p.compute_efficiency;
+  j["model_flops_per_s"] = {{"fp32", p.model_flops_per_s_fp32},
+                            {"bf16", p.model_flops_per_s_bf16},
+                            {"fp16", p.model_flops_per_s_fp16}};
+  j["step_update_s_per_elem"] = {{"adamw", p.step_update_s_per_elem_adamw},
+                                 {"sgd-momentum", p.step_update_s_per_elem_sgd_momentum},
+                                 {"sgd", p.step_update_s_per_elem_sgd}};
+  j["comm_overlaps_compute"] = p.comm_overlaps_compute;
   const CollectiveLinks* links[] = {&p.all_gather, &p.reduce_scatter, &p.all_reduce};
   for (int k = 0; k < 3; ++k) {
     j["collectives"][kKinds[k]] = {{"intra_node", link_json(links[k]->intra_node)},
@@ -173,6 +213,17 @@ DeviceProfile profile_from_json(const std::string& text) {
   p.compute_efficiency = j.contains("compute_efficiency") ? non_negative(j, "compute_efficiency", "profile") : 1.0;
   FSDP_CHECK(p.compute_efficiency > 0 && p.compute_efficiency <= 1.0, ErrorKind::kCorruptData, kWhere,
              "profile: compute_efficiency must be in (0, 1], got ", p.compute_efficiency);
+  if (j.contains("model_flops_per_s")) {
+    const json& mf = j.at("model_flops_per_s");
+    p.model_flops_per_s_fp32 = non_negative(mf, "fp32", "model_flops_per_s");
+    p.model_flops_per_s_bf16 = non_negative(mf, "bf16", "model_flops_per_s");
+    p.model_flops_per_s_fp16 = non_negative(mf, "fp16", "model_flops_per_s");
+  }
+  const json& u = field<json>(j, "step_update_s_per_elem", "profile");
+  p.step_update_s_per_elem_adamw = non_negative(u, "adamw", "step_update_s_per_elem");
+  p.step_update_s_per_elem_sgd_momentum = non_negative(u, "sgd-momentum", "step_update_s_per_elem");
+  p.step_update_s_per_elem_sgd = non_negative(u, "sgd", "step_update_s_per_elem");
+  p.comm_overlaps_compute = field<bool>(j, "comm_overlaps_compute", "profile");
   const json& c = j.contains("collectives") ? j.at("collectives") : json();
   CollectiveLinks* links[] = {&p.all_gather, &p.reduce_scatter, &p.all_reduce};
   for (int k = 0; k < 3; ++k) {

@@ -13,17 +13,22 @@ using S = fsdp::ShardingStrategy;
 using K = fsdp::comm::CollectiveKind;
 const ErrorContext kWhere{-1, "", "planner time model"};
 
-// One process group's communication thread: ops run one after another in issue order.
+// One process group's communication thread: ops run one after another in issue order. Where
+// communication shares the compute cores (DeviceProfile::comm_overlaps_compute false), an op also
+// takes its duration from the compute thread: `t` moves past it at issue.
 class Queue {
  public:
-  // Issues an op of duration d at time t; returns when it completes.
-  double issue(double t, double d) {
+  explicit Queue(bool overlaps) : overlaps_(overlaps) {}
+  // Issues an op of duration d at compute time t; returns when it completes.
+  double issue(double& t, double d) {
     free_at_ = std::max(t, free_at_) + d;
+    if (!overlaps_) t = free_at_;
     return free_at_;
   }
   double free_at() const { return free_at_; }
 
  private:
+  bool overlaps_;
   double free_at_ = 0.0;
 };
 
@@ -88,6 +93,7 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   const bool world_x = group_crosses_nodes(par, GroupKind::kWorld);
 
   std::vector<double> fwd(U), bwd(U), ag(U, 0.0), rs(U, 0.0), rep(U, 0.0);
+  double update_elems = 0.0;  // this rank's trainable elements the step update touches
   std::vector<std::vector<double>> buckets(U);
   std::vector<bool> has(U), trains(U);
   for (int64_t u = 0; u < U; ++u) {
@@ -97,6 +103,7 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     const UnitNumbers n = unit_numbers(model.units[u], G, 0);
     has[u] = n.numel > 0;
     trains[u] = n.trainable_numel > 0;
+    update_elems += static_cast<double>(n.real_trainable_numel);
     ag[u] = collective_time_s(profile, K::kAllGather, pb * n.gathered_numel, G, shard_x);
     rs[u] = collective_time_s(profile, K::kReduceScatter, rb * n.reduce_numel, G, shard_x);
     if (s == S::kHybridShard && G < N) {
@@ -109,7 +116,8 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     }
   }
 
-  Queue shard_q, rep_q, world_q;
+  const bool overlaps = profile.comm_overlaps_compute;
+  Queue shard_q(overlaps), rep_q(overlaps), world_q(overlaps);
   double t = 0.0;
   for (int64_t mb = 0; mb < setup.accumulation_steps; ++mb) {
     const bool sync = mb + 1 == setup.accumulation_steps;
@@ -172,17 +180,22 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     if (pending >= 0) finish(pending);
     if (ddp) t = std::max(t, world_q.free_at());
   }
+  // After backward, on the compute thread: the finite check, the grad norm and the update.
+  if (setup.nonfinite_check) t = world_q.issue(t, collective_time_s(profile, K::kAllReduce, 8 * N, N, world_x));
   if (setup.clip_grad_norm) t = world_q.issue(t, collective_time_s(profile, K::kAllReduce, 16, N, world_x));
   if (setup.loss_scaling) t = world_q.issue(t, collective_time_s(profile, K::kAllReduce, 8, N, world_x));
+  const double update_s = update_elems * profile.step_update_s_per_elem(setup.optimizer);
+  t += update_s;
 
   StepTime r;
   r.flops = step_flops(model, setup);
   r.compute_s = r.flops / rate;
+  r.update_s = update_s;
   for (const auto& c : step_traffic(model, par, setup).calls) {
     r.comm_s += collective_time_s(profile, c.kind, c.logical_bytes, c.group_size, c.crosses_nodes);
   }
   r.step_s = t;
-  r.exposed_comm_s = std::max(0.0, t - r.compute_s);
+  r.exposed_comm_s = std::max(0.0, t - r.compute_s - r.update_s);
   r.tokens_per_s = static_cast<double>(N * setup.accumulation_steps * setup.micro_batch_size * setup.seq_len) / t;
   return r;
 }

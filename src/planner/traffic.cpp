@@ -88,6 +88,7 @@ StepTraffic step_traffic(const ModelSpec& model, const Parallelism& par, const S
   }
   if (setup.clip_grad_norm) add(K::kAllReduce, GroupKind::kWorld, -1, 16);  // 2 doubles
   if (setup.loss_scaling) add(K::kAllReduce, GroupKind::kWorld, -1, 8);     // one int64 flag
+  if (setup.nonfinite_check) add(K::kAllReduce, GroupKind::kWorld, -1, 8 * N);  // an int64 per rank
   return t;
 }
 

@@ -57,10 +57,12 @@ fp::Parallelism parallelism_of(ShardingStrategy s, int N) {
   return p;
 }
 
-// fp32 params, AdamW, plain optimizer steps (no grad-norm all-reduce), no_shard buckets of `cap`.
+// fp32 params, AdamW, plain optimizer steps (no grad-norm or finite-check all-reduce), no_shard
+// buckets of `cap`.
 fp::StepSetup chain_step(int64_t cap = fsdp::kDefaultBucketCapBytes) {
   fp::StepSetup st;
   st.clip_grad_norm = false;
+  st.nonfinite_check = false;
   st.bucket_cap_bytes = cap;
   return st;
 }

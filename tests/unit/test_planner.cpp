@@ -217,19 +217,20 @@ TEST(PlannerTraffic, CountsAndLogicalBytesPerStrategy) {
   EXPECT_EQ(fs.all_gather.logical_bytes, 2 * 4 * P - 4 * root) << "micro's dimensions divide 2: no padding";
   EXPECT_EQ(fs.reduce_scatter.calls, U);
   EXPECT_EQ(fs.reduce_scatter.logical_bytes, 4 * P);
-  EXPECT_EQ(fs.all_reduce.calls, 1);
-  EXPECT_EQ(fs.all_reduce.logical_bytes, 16) << "the grad-norm all-reduce (2 doubles)";
+  EXPECT_EQ(fs.all_reduce.calls, 2);
+  EXPECT_EQ(fs.all_reduce.logical_bytes, 8 * 2 + 16) << "the finite check (an int64 per rank), the grad norm (2 doubles)";
   EXPECT_DOUBLE_EQ(fs.all_gather.wire_bytes, 0.5 * static_cast<double>(fs.all_gather.logical_bytes));
   const fp::StepTraffic sgo = fp::step_traffic(m, par(S::kShardGradOp, 2), st);
   EXPECT_EQ(sgo.all_gather.calls, U);
   EXPECT_EQ(sgo.all_gather.logical_bytes, 4 * P);
   const fp::StepTraffic ddp = fp::step_traffic(m, par(S::kNoShard, 2), st);
   EXPECT_EQ(ddp.all_gather.calls, 0);
-  EXPECT_EQ(ddp.all_reduce.logical_bytes, 4 * P + 16);
-  EXPECT_DOUBLE_EQ(ddp.all_reduce.wire_bytes, 2 * 0.5 * static_cast<double>(4 * P + 16));
-  // bf16 halves every gather and reduction; fp16 adds the loss scaler's flag.
+  EXPECT_EQ(ddp.all_reduce.logical_bytes, 4 * P + 16 + 16);
+  EXPECT_DOUBLE_EQ(ddp.all_reduce.wire_bytes, 2 * 0.5 * static_cast<double>(4 * P + 16 + 16));
+  // bf16 halves every gather and reduction.
   st.precision = fp::Precision::kBf16;
-  EXPECT_EQ(fp::step_traffic(m, par(S::kFullShard, 2), st).logical_bytes(), fs.logical_bytes() / 2 + 8);
+  EXPECT_EQ(fp::step_traffic(m, par(S::kFullShard, 2), st).logical_bytes(), (fs.logical_bytes() - 32) / 2 + 32)
+      << "the all-reduces of flags and norms stay as they are";
   // Gradient accumulation: gathers every micro-batch, reductions once.
   st.precision = fp::Precision::kFp32;
   st.accumulation_steps = 4;
@@ -241,8 +242,10 @@ TEST(PlannerTraffic, CountsAndLogicalBytesPerStrategy) {
   st.accumulation_steps = 1;
   const fp::StepTraffic hy = fp::step_traffic(m, par(S::kHybridShard, 4, 2), st);
   EXPECT_EQ(hy.all_gather.logical_bytes, fs.all_gather.logical_bytes);
-  EXPECT_EQ(hy.all_reduce.calls, U + 1);
-  EXPECT_EQ(hy.all_reduce.logical_bytes, 4 * P / 2 + 16);
+  EXPECT_EQ(hy.all_reduce.calls, U + 2);
+  EXPECT_EQ(hy.all_reduce.logical_bytes, 4 * P / 2 + 16 + 8 * 4);
+  st.nonfinite_check = false;
+  EXPECT_EQ(fp::step_traffic(m, par(S::kHybridShard, 4, 2), st).all_reduce.calls, U + 1);
 }
 
 TEST(PlannerTraffic, DdpBucketsFollowTheEnginesPlan) {
@@ -323,19 +326,40 @@ TEST(PlannerTime, ComputeAndCommunicationLimits) {
   st.precision = fp::Precision::kBf16;
   st.seq_len = 4096;
   const fp::DeviceProfile h100 = fp::builtin_profile("h100");
-  // One rank: no communication time; FLOPs = 6 N tokens + attention 12 L T C tokens (PaLM).
+  // One rank: no communication time; FLOPs = 6 N tokens + attention 12 L T C tokens (PaLM); the
+  // update moves 48 bytes per parameter (AdamW's 28 + the gradient's passes) at 3.35 TB/s.
   const fp::StepTime one = fp::estimate_step_time(m, par(S::kFullShard, 1), st, h100);
   const double tokens = 4096, N = static_cast<double>(m.matmul_params());
   EXPECT_DOUBLE_EQ(one.flops, 6 * N * tokens + 12.0 * 32 * 4096 * 4096 * tokens);
-  EXPECT_NEAR(one.step_s, one.compute_s, 1e-12 * one.compute_s);
+  EXPECT_EQ(fp::step_update_bytes_per_elem(fp::OptimizerKind::kAdamW), 48);
+  EXPECT_NEAR(one.update_s, static_cast<double>(m.num_params()) * 48 / 3.35e12, 1e-9 * one.update_s);
+  EXPECT_NEAR(one.step_s, one.compute_s + one.update_s, 1e-12 * one.compute_s);
   EXPECT_DOUBLE_EQ(one.compute_s, one.flops / 989.5e12);
+  // Sharded: the update covers this rank's shard only.
+  EXPECT_NEAR(fp::estimate_step_time(m, par(S::kFullShard, 8), st, h100).update_s, one.update_s / 8,
+              1e-6 * one.update_s);
   // Many ranks: a step is never shorter than its compute or than its busiest queue.
   for (S s : {S::kNoShard, S::kZero1, S::kShardGradOp, S::kFullShard}) {
     const fp::StepTime t = fp::estimate_step_time(m, par(s, 16, 0, 8), st, h100);
     EXPECT_GE(t.step_s, t.compute_s) << fsdp::to_string(s);
     EXPECT_GE(t.step_s + 1e-12, t.comm_s) << fsdp::to_string(s) << ": one queue runs every collective in turn";
-    EXPECT_NEAR(t.exposed_comm_s, t.step_s - t.compute_s, 1e-12);
+    EXPECT_NEAR(t.exposed_comm_s, t.step_s - t.compute_s - t.update_s, 1e-12);
   }
+  // Where communication shares the compute cores nothing hides: the step is the sum of compute,
+  // update and every collective of the step's traffic (the replay and step_traffic agree).
+  fp::DeviceProfile cpu = h100;
+  cpu.comm_overlaps_compute = false;
+  for (S s : {S::kNoShard, S::kZero1, S::kShardGradOp, S::kFullShard}) {
+    const fp::StepTime t = fp::estimate_step_time(m, par(s, 16, 0, 8), st, cpu);
+    EXPECT_NEAR(t.step_s, t.compute_s + t.update_s + t.comm_s, 1e-9 * t.step_s) << fsdp::to_string(s);
+    EXPECT_GT(t.step_s, fp::estimate_step_time(m, par(s, 16, 0, 8), st, h100).step_s) << fsdp::to_string(s);
+  }
+  fp::StepTime hy = fp::estimate_step_time(m, par(S::kHybridShard, 16, 8, 8), st, cpu);
+  EXPECT_NEAR(hy.step_s, hy.compute_s + hy.update_s + hy.comm_s, 1e-9 * hy.step_s);
+  // A measured model rate replaces the matmul rate x efficiency.
+  cpu.model_flops_per_s_bf16 = 100e12;
+  cpu.compute_efficiency = 0.5;
+  EXPECT_DOUBLE_EQ(fp::estimate_step_time(m, par(S::kFullShard, 1), st, cpu).compute_s, one.flops / 100e12);
   // Collective cost: (n-1) alpha + (n-1)/n bytes / bandwidth; inter-node when crossing.
   const double ag = fp::collective_time_s(h100, fsdp::comm::CollectiveKind::kAllGather, 8'000'000'000, 8, false);
   EXPECT_DOUBLE_EQ(ag, 7 * 2e-6 + 7.0 / 8 * 8e9 / 450e9);

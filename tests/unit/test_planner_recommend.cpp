@@ -167,6 +167,10 @@ TEST(PlannerProfile, BuiltinsRoundTripThroughJson) {
     EXPECT_EQ(b.sources, a.sources);
     EXPECT_DOUBLE_EQ(b.matmul_flops_per_s_bf16, a.matmul_flops_per_s_bf16);
     EXPECT_DOUBLE_EQ(b.all_reduce.inter_node.bandwidth_bytes_per_s, a.all_reduce.inter_node.bandwidth_bytes_per_s);
+    EXPECT_DOUBLE_EQ(b.step_update_s_per_elem_adamw, a.step_update_s_per_elem_adamw);
+    EXPECT_DOUBLE_EQ(b.step_update_s_per_elem_sgd, a.step_update_s_per_elem_sgd);
+    EXPECT_EQ(b.comm_overlaps_compute, a.comm_overlaps_compute);
+    EXPECT_GT(a.step_update_s_per_elem_adamw, a.step_update_s_per_elem_sgd_momentum);
     EXPECT_FALSE(a.sources.empty());
   }
   EXPECT_DOUBLE_EQ(fp::builtin_profile("h100").matmul_flops_per_s_bf16, 989.5e12);

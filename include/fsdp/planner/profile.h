@@ -50,26 +50,56 @@ struct DeviceProfile {
   double matmul_flops_per_s_bf16 = 0.0;  ///< bf16
   double matmul_flops_per_s_fp16 = 0.0;  ///< fp16 (0: the bf16 rate)
   /// Fraction of those rates a training step reaches (1: the rates as given). A datasheet's
-  /// figures are peaks: a step's estimate is then a lower bound.
+  /// figures are peaks: a step's estimate is then a lower bound. Not applied to model_flops_per_s.
   double compute_efficiency = 1.0;
+  /// Calibrated profiles: the FLOP rate a whole training forward + backward of the calibrated model
+  /// reached per rank (its matmul FLOPs, time_model.h `unit_flops`, over the measured seconds: the
+  /// norms, activations, attention softmax and the loss included). 0: not measured (the time model
+  /// then uses the matmul rate x compute_efficiency).
+  double model_flops_per_s_fp32 = 0.0;
+  double model_flops_per_s_bf16 = 0.0;
+  double model_flops_per_s_fp16 = 0.0;
+  /// Seconds per trainable element of a rank's sharded state for the work between backward and
+  /// the next forward: the finite check of the gradients, the grad-norm, clipping, the optimizer's
+  /// update and zeroing the gradients (fp32 master state). Per optimizer kind (setup.h).
+  double step_update_s_per_elem_adamw = 0.0;
+  double step_update_s_per_elem_sgd_momentum = 0.0;
+  double step_update_s_per_elem_sgd = 0.0;
+  /// Whether a collective runs beside compute without slowing it (GPUs: copy engines and NCCL's
+  /// own SMs). False where communication needs the cores compute runs on (a calibrated CPU
+  /// machine whose ranks, each with a communication thread, use every core): the time model then
+  /// adds every collective to the compute thread's time.
+  bool comm_overlaps_compute = true;
   CollectiveLinks all_gather, reduce_scatter, all_reduce;
   /// Calibrated profiles: the world size measured and the raw fits per kind (all_gather,
   /// reduce_scatter, all_reduce); 0 and empty for datasheet profiles.
   int64_t calibration_world_size = 0;
   std::vector<CalibrationFit> fits;
 
-  /// The rate for a precision (fp16 falls back to bf16 when 0), times compute_efficiency.
+  /// The rate a step's FLOPs run at for a precision: the measured model rate when there is one,
+  /// else the matmul rate times compute_efficiency (fp16 falls back to bf16 when 0).
   double flops_per_s(Precision p) const;
+  /// model_flops_per_s_* of a precision; 0: not measured.
+  double model_flops_per_s(Precision p) const;
+  /// step_update_s_per_elem_* of an optimizer kind.
+  double step_update_s_per_elem(OptimizerKind o) const;
   /// The links of a collective kind (all-to-all and broadcast use all_reduce's).
   const CollectiveLinks& links(fsdp::comm::CollectiveKind kind) const;
 };
 
 /// Built-in profiles: "a100" (DGX A100 node: 8 x A100 SXM4 80GB, NVLink 3 / NVSwitch, 8 x
 /// 200 Gb/s HDR InfiniBand) and "h100" (DGX H100 node: 8 x H100 SXM5 80GB, NVLink 4 / NVSwitch,
-/// 8 x 400 Gb/s NDR InfiniBand), vendor datasheet figures (each cited in `sources`). Throws
+/// 8 x 400 Gb/s NDR InfiniBand), vendor datasheet figures (each cited in `sources`); their step
+/// update times are the bytes the update moves per element (step_update_bytes_per_elem) at the
+/// datasheet's memory bandwidth. Throws
 /// fsdp::Error (kInvalidArgument) naming the known profiles.
 DeviceProfile builtin_profile(const std::string& name);
 std::vector<std::string> builtin_profile_names();
+
+/// Bytes of memory traffic per trainable fp32 element of the step update (the finite check and the
+/// grad-norm read the gradient, clipping reads and writes it, zeroing writes it: 20; AdamW reads
+/// param, grad, exp_avg, exp_avg_sq and writes three: 28; SGD with momentum 20; SGD 12).
+int64_t step_update_bytes_per_elem(OptimizerKind o);
 
 /// The JSON form (docs/planner.md, "Profile file"). Throws fsdp::Error (kCorruptData) for a
 /// document that is not a profile (missing or negative fields, wrong types).

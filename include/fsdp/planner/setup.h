@@ -73,6 +73,9 @@ struct StepSetup {
   bool clip_grad_norm = true;
   /// Loss scaling (fsdp-train uses it with fp16): one all-reduce of an int64 flag per step.
   bool loss_scaling = false;
+  /// fsdp-train checks every step that the loss and the gradients are finite on every rank: one
+  /// all-reduce of world_size int64 flags (8 x world_size bytes).
+  bool nonfinite_check = true;
   /// Throws fsdp::Error (kInvalidArgument) for non-positive sizes.
   void validate() const;
 };
