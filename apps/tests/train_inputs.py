@@ -77,6 +77,18 @@ def test_flags(opts, tmp):
         p = run(["--steps", "2", flag, os.path.join(missing, "x")] + extra, 2, opts)
         expect_error(p, 2, flag, "does not exist")
         check(not events(m, "step"), "%s in a missing directory: refused before step 1" % flag)
+    # The flight recorder's directory is only written on a failure: checked before step 1 all the
+    # same (a path under a file, an unwritable place), and never created by a healthy run.
+    afile = os.path.join(tmp, "afile")
+    open(afile, "w").close()
+    for bad, why in ((os.path.join(afile, "fr"), "is not a directory"), (afile, "is not a directory")):
+        p = run(["--steps", "2", "--metrics", m, "--flight-recorder-dir", bad], 2, opts)
+        expect_error(p, 2, "flight recorder", why)
+        check(not events(m, "step"), "--flight-recorder-dir %s: refused before step 1" % bad)
+    fr = os.path.join(tmp, "new", "fr")
+    p = run(["--steps", "1", "--metrics", m, "--flight-recorder-dir", fr], 2, opts)
+    check(p.returncode == 0 and not os.path.exists(fr),
+          "--flight-recorder-dir in a directory still to make: accepted, and a healthy run makes none")
 
 
 def test_disk_full(opts, tmp):

@@ -1,6 +1,8 @@
 // Checks before step 1 (preflight.h).
 #include "train/preflight.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -59,6 +61,23 @@ std::string check_file_target(const std::string& flag, const std::string& path, 
   return "";
 }
 
+// The flight recorder's directory is made only when a dump is written (a timeout or a failed
+// collective): it must be a directory or creatable, in its nearest existing ancestor, by this
+// process. Nothing is created here.
+std::string check_dump_dir(const std::string& dir) {
+  std::error_code ec;
+  const std::string head = "the flight recorder's directory '" + dir +
+                           "' (--flight-recorder-dir, FSDP_FLIGHT_RECORDER_DIR or beside --metrics): ";
+  fs::path p = fs::absolute(dir, ec);
+  if (fs::exists(p, ec) && !fs::is_directory(p, ec)) return head + "exists and is not a directory";
+  while (!fs::exists(p, ec) && p.has_parent_path() && p.parent_path() != p) p = p.parent_path();
+  if (!fs::is_directory(p, ec)) return head + "'" + p.string() + "' is not a directory";
+  if (access(p.c_str(), W_OK | X_OK) != 0) {
+    return head + "cannot be created or written in '" + p.string() + "': " + std::strerror(errno);
+  }
+  return "";
+}
+
 std::string check_save_dir(const TrainConfig& c, int rank, int64_t need_bytes) {
   std::error_code ec;
   const std::string head = "--save '" + c.save + "': ";
@@ -74,7 +93,7 @@ std::string check_save_dir(const TrainConfig& c, int rank, int64_t need_bytes) {
 }
 
 // This rank's first problem, or "".
-std::string local_problem(const TrainConfig& c, const PreflightFacts& f, int rank) {
+std::string local_problem(const TrainConfig& c, const PreflightFacts& f, int rank, const std::string& dump_dir) {
   if (c.sample_tokens > 0 && f.prompt_tokens == 0) {
     return "--sample-prompt '" + c.sample_prompt + "' encodes to no token: give a non-empty "
            "prompt, or --sample-tokens 0";
@@ -85,6 +104,7 @@ std::string local_problem(const TrainConfig& c, const PreflightFacts& f, int ran
   }
   std::string why;
   if (!c.save.empty()) why = check_save_dir(c, rank, f.checkpoint_bytes);
+  if (why.empty() && !dump_dir.empty()) why = check_dump_dir(dump_dir);
   if (why.empty() && !c.profile.empty()) {
     why = check_file_target("--profile", rank == 0 ? c.profile : c.profile + ".rank" + std::to_string(rank), rank, 0);
   }
@@ -108,7 +128,7 @@ void preflight(const TrainConfig& c, const PreflightFacts& facts, fsdp::comm::Pr
     fs::create_directories(c.save, ec);  // a failure shows as "not a directory" below
   }
   group.barrier()->wait();  // the --save directory exists before any rank probes it
-  const std::string mine = local_problem(c, facts, rank);
+  const std::string mine = local_problem(c, facts, rank, group.options().flight_recorder_dir);
   const std::vector<std::string> all = fsdp::comm::all_gather_strings(group, mine);
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].empty()) continue;

@@ -28,7 +28,8 @@ int64_t export_bytes_of(int64_t num_params);
 /// --save DIR (created by rank 0 if missing; every rank writes and removes a probe file there;
 /// free space >= facts.checkpoint_bytes), --export, --metrics, --trace (their directory exists and
 /// takes a probe file on rank 0; --export's has room for facts.export_bytes), --profile (the same on
-/// every rank, which writes its own file), an --sample-prompt that encodes to no token while
+/// every rank, which writes its own file), the flight recorder's directory of group's options (a
+/// directory, or creatable by every rank; not created here), an --sample-prompt that encodes to no token while
 /// --sample-tokens > 0, and --sample-top-k above the vocabulary.
 /// Collective and blocking over group (one all-gather of the verdicts), every rank with the same
 /// config. Throws UsageError on every rank naming the flag, the path, the rank and why.
