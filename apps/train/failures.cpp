@@ -78,7 +78,8 @@ fsdp::comm::ProcessGroupOptions group_options(const TrainConfig& c) {
   return o;
 }
 
-int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder_dir, double agree_s) {
+int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder_dir, double agree_s,
+                    const std::string& strategy) {
   const int rank = world_rank();
   int size = 1;
   int init = 0;
@@ -95,8 +96,11 @@ int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder
     return 1;
   } catch (const fsdp::OutOfMemory& e) {
     fsdp::accounting::clear_memory_budget();  // the report may allocate
-    const char* remedy = " (raise --memory-budget, or need less: a sharded --strategy, "
-                         "--activation-checkpointing, a smaller --micro-batch-size)";
+    const std::string remedy =
+        std::string(" (raise --memory-budget, or need less: ") +
+        (strategy == "full_shard" ? "more ranks, "
+                                  : "a more sharded --strategy (full_shard shards params, grads and optimizer state), ") +
+        "--activation-checkpointing, a smaller --micro-batch-size)";
     if (ranks_agreeing(size, agree_s) == size) {
       if (rank == 0) {
         std::cerr << "fsdp-train: error: out of memory on every rank (" << size << " of " << size

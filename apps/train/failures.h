@@ -33,6 +33,9 @@ fsdp::comm::ProcessGroupOptions group_options(const TrainConfig& config);
 /// at most agree_s seconds). When every rank ran out of its budget (the usual case: every rank
 /// runs the same allocations), rank 0 prints one line and every rank exits with 1; otherwise a
 /// peer may be blocked in a collective, so the rank prints its own line and the job is aborted.
-int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder_dir, double agree_s = 30.0);
+/// The remedy it suggests follows `strategy` (--strategy; "" when the flags were not parsed): a
+/// more sharded strategy unless it is full_shard already.
+int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder_dir, double agree_s = 30.0,
+                    const std::string& strategy = "");
 
 }  // namespace apps::train

@@ -41,7 +41,7 @@
 #include "train/trainer.h"
 
 int main(int argc, char** argv) {
-  std::string flight_recorder_dir;
+  std::string flight_recorder_dir, strategy;
   double agree_s = 30.0;
   try {
     fsdp::comm::init_mpi();
@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
     int exit_code = 0;
     std::optional<apps::train::TrainConfig> config = apps::train::parse_train_config(argc, argv, rank, &exit_code);
     if (!config) return exit_code;
+    strategy = config->strategy;
     const fsdp::comm::ProcessGroupOptions options = apps::train::group_options(*config);
     flight_recorder_dir = options.flight_recorder_dir;
     agree_s = std::min(agree_s, options.timeout_s);
@@ -66,6 +67,6 @@ int main(int argc, char** argv) {
     apps::train::train(*config, world, heap_retained);
     return 0;
   } catch (...) {
-    return apps::train::exit_on_failure(std::current_exception(), flight_recorder_dir, agree_s);
+    return apps::train::exit_on_failure(std::current_exception(), flight_recorder_dir, agree_s, strategy);
   }
 }

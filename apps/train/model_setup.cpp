@@ -71,7 +71,7 @@ fsdp::FullyShardOptions resolve_fsdp_options(const TrainConfig& c, const fsdp::c
   try {
     o.strategy = fsdp::parse_sharding_strategy(c.strategy);
   } catch (const fsdp::Error& e) {
-    throw UsageError(std::string("--strategy: ") + e.what());
+    throw UsageError("--strategy: " + e.message());
   }
   if (c.mixed_precision == "bf16" || c.mixed_precision == "fp16") {
     auto dt = c.mixed_precision == "bf16" ? at::kBFloat16 : at::kHalf;

@@ -139,18 +139,24 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   pf.export_bytes = export_bytes_of(mcfg.num_params());
   preflight(cfg_, pf, *group_);
   // Data: rank 0 tokenizes first (a barrier).
-  corpus_ = load_corpus(cfg_, *tokenizer_, *group_, console_);
-  train_sampler_.emplace(make_sampler(corpus_.train, cfg_, rank_, world_, "training"));
-  val_sampler_.emplace(make_sampler(corpus_.val, cfg_, rank_, world_, "validation"));
+  {
+    const fsdp::ActivityScope activity(nullptr, "loading data");
+    corpus_ = load_corpus(cfg_, *tokenizer_, *group_, console_);
+    train_sampler_.emplace(make_sampler(corpus_.train, cfg_, rank_, world_, "training"));
+    val_sampler_.emplace(make_sampler(corpus_.val, cfg_, rank_, world_, "validation"));
+  }
 
   // Model: identical init on every rank (checked), then one unit per block plus the root.
   // --meta-init: built on the meta device, sharded, then each rank writes its rows module by
   // module with the values of the CPU build (no rank holds the full model, so the checksum check
   // of the full parameters cannot run; every rank draws the same stream from --seed).
   torch::manual_seed(cfg_.seed);
-  model_ = models::GPT(mcfg, cfg_.meta_init ? at::kMeta : at::kCPU);
-  model_->set_activation_checkpointing(cfg_.activation_checkpointing);
-  if (!cfg_.meta_init) check_identical_init(model_, *group_);
+  {
+    const fsdp::ActivityScope activity(nullptr, "model build");
+    model_ = models::GPT(mcfg, cfg_.meta_init ? at::kMeta : at::kCPU);
+    model_->set_activation_checkpointing(cfg_.activation_checkpointing);
+    if (!cfg_.meta_init) check_identical_init(model_, *group_);
+  }
   try {
     const fsdp::ActivityScope activity(nullptr, "fully_shard");
     fsdp::fully_shard_tree(model_.ptr(), group_, fsdp::wrap_by_type<models::BlockImpl>(),
