@@ -308,27 +308,36 @@ std::string fingerprint(const std::vector<ParamInfo>& params) {
 }
 
 std::string describe_param_diff(const std::vector<ParamInfo>& saved,
-                                const std::vector<ParamInfo>& model, size_t max_lines) {
+                                const std::vector<ParamInfo>& model, size_t max_names) {
   std::map<std::string, const ParamInfo*> s, m;
   for (const auto& p : saved) s[p.name] = &p;
   for (const auto& p : model) m[p.name] = &p;
-  std::vector<std::string> lines;
+  std::vector<std::string> missing, differ, extra;
   for (const auto& [name, p] : m) {
     auto it = s.find(name);
     if (it == s.end()) {
-      lines.push_back("parameter '" + name + "' of the model is not in the checkpoint");
+      missing.push_back("'" + name + "'");
     } else if (it->second->shape != p->shape || it->second->dtype != p->dtype) {
-      lines.push_back("parameter '" + name + "': checkpoint has " + shape_str(it->second->shape) +
-                      " " + it->second->dtype + ", model expects " + shape_str(p->shape) + " " +
-                      p->dtype);
+      differ.push_back("'" + name + "' (checkpoint " + shape_str(it->second->shape) + " " + it->second->dtype +
+                       ", model " + shape_str(p->shape) + " " + p->dtype + ")");
     }
   }
   for (const auto& [name, p] : s) {
-    if (!m.count(name)) lines.push_back("checkpoint tensor '" + name + "' is not in the model");
+    if (!m.count(name)) extra.push_back("'" + name + "'");
   }
+  auto group = [&](const std::vector<std::string>& items, const char* what) -> std::string {
+    if (items.empty()) return "";
+    std::string g = str_cat(items.size(), " ", what, " ");
+    for (size_t i = 0; i < items.size() && i < max_names; ++i) g += (i ? ", " : "") + items[i];
+    if (items.size() > max_names) g += str_cat(", ... (", items.size() - max_names, " more)");
+    return g;
+  };
   std::string out;
-  for (size_t i = 0; i < lines.size() && i < max_lines; ++i) out += "\n  " + lines[i];
-  if (lines.size() > max_lines) out += str_cat("\n  ... and ", lines.size() - max_lines, " more");
+  for (const std::string& g : {group(differ, "parameter(s) with another shape or dtype:"),
+                               group(missing, "model parameter(s) not in the checkpoint:"),
+                               group(extra, "checkpoint tensor(s) not in the model:")}) {
+    if (!g.empty()) out += (out.empty() ? " " : "; ") + g;
+  }
   return out;
 }
 

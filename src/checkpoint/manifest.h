@@ -103,8 +103,10 @@ RankReport report_from_json(const std::string& text);
 std::string rank_file_name(int rank, int world_size);
 /// Model fingerprint: FNV-1a 64 of the sorted "name shape dtype" lines.
 std::string fingerprint(const std::vector<ParamInfo>& params);
-/// Lines naming the first differences between a checkpoint's params and the model's.
+/// One line (" " first) naming how the checkpoint's params differ from the model's, by kind:
+/// shape or dtype, missing from the checkpoint, not in the model; each with its count and at most
+/// `max_names` names.
 std::string describe_param_diff(const std::vector<ParamInfo>& saved,
-                                const std::vector<ParamInfo>& model, size_t max_lines = 8);
+                                const std::vector<ParamInfo>& model, size_t max_names = 3);
 
 }  // namespace fsdp::checkpoint
