@@ -228,9 +228,6 @@ int64_t ranks_on_this_node(int64_t world) {
 
 fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& world, std::ostream& log) {
   const int64_t N = world.size();
-  if (N < 2) {
-    throw UsageError("--calibrate measures collectives between ranks: run it under mpirun -n N with N >= 2");
-  }
   at::set_num_threads(flags.threads);
   const bool root = world.rank() == 0;
   fp::PlanInputs in = resolve_inputs(flags);
@@ -249,7 +246,9 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
   const std::vector<int64_t> sizes{4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20};
   const CollectiveKind kinds[] = {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce};
   fp::CollectiveLinks* links[] = {&p.all_gather, &p.reduce_scatter, &p.all_reduce};
-  for (int k = 0; k < 3; ++k) {
+  // One rank measures no collective: its profile plans N = 1 only (profile.h has_collectives).
+  p.has_collectives = N >= 2;
+  for (int k = 0; k < 3 && p.has_collectives; ++k) {
     std::vector<fp::CalibrationPoint> pts;
     for (int64_t bytes : sizes) {
       const int reps = bytes >= (4 << 20) ? 5 : 9;
@@ -322,9 +321,10 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
     log << buf << std::endl;
   }
   p.sources = {
-      "measured by fsdp-plan --calibrate at N = " + std::to_string(N) + " over MPI (ProcessGroup): all-gather, "
-          "reduce-scatter, all-reduce of fp32 tensors of 4 KiB to 16 MiB, median of 5-9 runs, slowest rank; "
-          "t = alpha + beta x bytes fitted per kind; one node measured, so inter_node repeats intra_node",
+      N >= 2 ? "measured by fsdp-plan --calibrate at N = " + std::to_string(N) + " over MPI (ProcessGroup): all-gather, "
+                   "reduce-scatter, all-reduce of fp32 tensors of 4 KiB to 16 MiB, median of 5-9 runs, slowest rank; "
+                   "t = alpha + beta x bytes fitted per kind; one node measured, so inter_node repeats intra_node"
+             : std::string("measured by fsdp-plan --calibrate on one rank: no collectives (this profile plans N = 1)"),
       "matmul rates: at::mm of " + m.name + "'s forward shapes with " + std::to_string(rows) + " rows (micro-batch x "
           "sequence length), weighted by FLOPs, slowest rank, " + std::to_string(flags.threads) +
           " intra-op thread(s) per rank, all ranks at once",

@@ -11,15 +11,19 @@ namespace apps::plan {
 
 /// Measures, on every rank of `world` at once (collective; every rank calls it with the same
 /// flags):
-///  - all-gather, reduce-scatter and all-reduce of fp32 tensors of 4 KiB .. 16 MiB logical bytes
-///    (the median of several repetitions, the slowest rank's time), fitted to t = alpha + beta x
-///    bytes per kind and turned into ring link parameters at this world size;
-///  - the fp32 and bf16 FLOP rates of at::mm over the forward matmul shapes of flags' model, rows =
-///    micro-batch x sequence length (each shape weighted by its share of the model's FLOPs; the
-///    slowest rank's rate), with flags.threads intra-op threads per rank;
+///  - at world size >= 2: all-gather, reduce-scatter and all-reduce of fp32 tensors of 4 KiB ..
+///    16 MiB logical bytes (the median of several repetitions, the slowest rank's time), fitted to
+///    t = alpha + beta x bytes per kind and turned into ring link parameters at this world size
+///    (one rank measures none: its profile has has_collectives false and plans N = 1 only);
+///  - the fp32, bf16 and fp16 FLOP rates of at::mm over the forward matmul shapes of flags' model,
+///    rows = micro-batch x sequence length (each shape weighted by its share of the model's FLOPs;
+///    the slowest rank's rate), with flags.threads intra-op threads per rank;
+///  - the model rate ([Note: model rate] in calibrate.cpp): a training forward + backward of the
+///    model's module, fp32 and bf16 (fp16 when flags ask for it);
+///  - the step update's seconds per element for AdamW, SGD with and without momentum;
+///  - whether communication can overlap compute (ranks on this node x (threads + 1) <= cores);
 ///  - memory per rank: physical memory / ranks on this node.
-/// Progress lines go to `log` on rank 0. Throws UsageError at world size 1 (nothing to measure)
-/// and fsdp::Error when a collective fails.
+/// Progress lines go to `log` on rank 0. Throws fsdp::Error when a collective fails.
 fsdp::planner::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& world, std::ostream& log);
 
 }  // namespace apps::plan

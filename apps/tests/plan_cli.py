@@ -102,9 +102,37 @@ def calibrate(bin_path, tmp):
         link = prof["collectives"][kind]["intra_node"]
         check(link["bandwidth_bytes_per_s"] > 1e6, f"{kind}: a measured bandwidth, got {link}")
     check(prof["matmul_flops_per_s"]["fp32"] > 1e8, f"a measured fp32 rate: {prof['matmul_flops_per_s']}")
+    mf = prof["model_flops_per_s"]
+    check(mf["fp32"] > 1e8 and mf["bf16"] > 1e8 and mf["fp16"] == 0,
+          f"measured model rates, fp32 and bf16 (fp16 only when asked): {mf}")
+    check(mf["fp32"] < prof["matmul_flops_per_s"]["fp32"] * 1.5,
+          f"a whole step is not much faster than its matmuls: {mf['fp32']:.3g} vs {prof['matmul_flops_per_s']['fp32']:.3g}")
+    up = prof["step_update_s_per_elem"]
+    check(all(up[k] > 0 for k in ("adamw", "sgd-momentum", "sgd")), f"measured step-update times: {up}")
+    check(prof["comm_overlaps_compute"] == (2 * 2 <= os.cpu_count()),
+          f"2 ranks x (1 + 1) threads overlap only on >= 4 cores: {prof['comm_overlaps_compute']}")
     doc = json.loads(plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", out, "--json").stdout)
     check(doc["profile"]["name"] == prof["name"], "--profile reads the calibrated file back")
     check(all(s["time"]["step_s"] > 0 for s in doc["strategies"]), "a step time from the calibrated rates")
+    st = doc["strategies"][0]["time"]
+    check(abs(st["compute_s"] - st["flops"] / mf["fp32"]) <= 1e-9 * st["compute_s"],
+          "compute time = FLOPs / the measured model rate")
+    # --compute-efficiency scales a datasheet peak, not a measured step.
+    p = plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", out, "--compute-efficiency", "0.5",
+             expect_rc=2)
+    check("already what a step reaches" in p.stderr, f"--compute-efficiency with a measured rate refused: {p.stderr!r}")
+    # One rank: a profile without collectives, for N = 1 only.
+    one = os.path.join(tmp, "profile1.json")
+    p = subprocess.run([bin_path, "--calibrate", "--out", one, "--model", "nano", "--n-layer", "1",
+                        "--micro-batch-size", "2", "--seq-len", "64"], capture_output=True, text=True,
+                       timeout=180, env=env)
+    check(p.returncode == 0, f"--calibrate on one rank: exit {p.returncode}; {p.stderr.strip()[-300:]}")
+    if p.returncode == 0:
+        with open(one) as f:
+            check(json.load(f)["collectives"] is None, "a one-rank profile has no collectives")
+        plan(bin_path, "--model", "nano", "--world-size", "1", "--profile", one)
+        p = plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", one, expect_rc=2)
+        check("calibrated on one rank" in p.stderr, f"planning N = 2 with it is refused: {p.stderr!r}")
 
 
 def main():

@@ -141,6 +141,9 @@ double DeviceProfile::flops_per_s(Precision p) const {
 }
 
 const CollectiveLinks& DeviceProfile::links(K kind) const {
+  FSDP_CHECK(has_collectives, ErrorKind::kInvalidArgument, kWhere, "profile '", name,
+             "' was calibrated on one rank and has no collective figures: it plans N = 1 only (calibrate under "
+             "mpirun -n N, N >= 2, to plan more ranks)");
   if (kind == K::kAllGather) return all_gather;
   if (kind == K::kReduceScatter) return reduce_scatter;
   return all_reduce;
@@ -173,7 +176,8 @@ std::string profile_to_json(const DeviceProfile& p) {
                                  {"sgd", p.step_update_s_per_elem_sgd}};
   j["comm_overlaps_compute"] = p.comm_overlaps_compute;
   const CollectiveLinks* links[] = {&p.all_gather, &p.reduce_scatter, &p.all_reduce};
-  for (int k = 0; k < 3; ++k) {
+  j["collectives"] = nullptr;  // a one-rank calibration: none measured
+  for (int k = 0; k < 3 && p.has_collectives; ++k) {
     j["collectives"][kKinds[k]] = {{"intra_node", link_json(links[k]->intra_node)},
                                    {"inter_node", link_json(links[k]->inter_node)}};
   }
@@ -224,9 +228,10 @@ DeviceProfile profile_from_json(const std::string& text) {
   p.step_update_s_per_elem_sgd_momentum = non_negative(u, "sgd-momentum", "step_update_s_per_elem");
   p.step_update_s_per_elem_sgd = non_negative(u, "sgd", "step_update_s_per_elem");
   p.comm_overlaps_compute = field<bool>(j, "comm_overlaps_compute", "profile");
-  const json& c = j.contains("collectives") ? j.at("collectives") : json();
+  const json& c = j.contains("collectives") ? j.at("collectives") : json::object();
+  p.has_collectives = !c.is_null();
   CollectiveLinks* links[] = {&p.all_gather, &p.reduce_scatter, &p.all_reduce};
-  for (int k = 0; k < 3; ++k) {
+  for (int k = 0; k < 3 && p.has_collectives; ++k) {
     const std::string where = std::string("collectives.") + kKinds[k];
     const json& e = field<json>(c, kKinds[k], "collectives");
     links[k]->intra_node = link_from(field<json>(e, "intra_node", where), where + ".intra_node");
@@ -235,8 +240,9 @@ DeviceProfile profile_from_json(const std::string& text) {
   if (j.contains("calibration")) {
     const json& cal = j.at("calibration");
     p.calibration_world_size = field<int64_t>(cal, "world_size", "calibration");
-    const json& fits = field<json>(cal, "fits", "calibration");
+    const json& fits = p.has_collectives ? field<json>(cal, "fits", "calibration") : json();
     for (const char* kind : kKinds) {
+      if (!p.has_collectives) break;
       CalibrationFit fit;
       const json& e = field<json>(fits, kind, "calibration.fits");
       fit.alpha_s = field<double>(e, "alpha_s", kind);
@@ -247,6 +253,8 @@ DeviceProfile profile_from_json(const std::string& text) {
       p.fits.push_back(fit);
     }
   }
+  FSDP_CHECK(p.has_collectives || p.calibration_world_size == 1, ErrorKind::kCorruptData, kWhere,
+             "profile: \"collectives\": null is for a one-rank calibration (calibration.world_size 1)");
   return p;
 }
 

@@ -26,6 +26,13 @@ fp::PlanInputs inputs(const fp::ModelSpec& m, int64_t n, fp::Precision prec, con
 
 fp::ModelSpec llama(const std::string& name) { return fp::llama_model(fp::llama_shape(name), name); }
 
+fp::Parallelism par(S s, int64_t n) {
+  fp::Parallelism p;
+  p.strategy = s;
+  p.world_size = n;
+  return p;
+}
+
 }  // namespace
 
 TEST(PlannerRecommend, DdpWhenItFitsWithHeadroom) {
@@ -183,6 +190,28 @@ TEST(PlannerProfile, BuiltinsRoundTripThroughJson) {
     EXPECT_NE(std::string(e.what()).find("ranks_per_node"), std::string::npos) << e.what();
   }
   EXPECT_THROW(fp::load_profile("/nonexistent/profile.json"), fsdp::Error);
+}
+
+// A one-rank calibration measures no collective: its profile plans N = 1 and refuses more ranks.
+TEST(PlannerProfile, OneRankCalibrationPlansOneRankOnly) {
+  fp::DeviceProfile p = fp::builtin_profile("a100");
+  p.has_collectives = false;
+  p.calibration_world_size = 1;
+  const fp::DeviceProfile q = fp::profile_from_json(fp::profile_to_json(p));
+  EXPECT_FALSE(q.has_collectives);
+  const fp::ModelSpec m = fp::gpt_model(fp::gpt_shape("micro", 8192));
+  fp::StepSetup st;
+  const fp::StepTime one = fp::estimate_step_time(m, par(S::kFullShard, 1), st, q);
+  EXPECT_NEAR(one.step_s, one.compute_s + one.update_s, 1e-12);
+  try {
+    fp::estimate_step_time(m, par(S::kFullShard, 2), st, q);
+    ADD_FAILURE() << "a one-rank profile planned N = 2";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("calibrated on one rank"), std::string::npos) << e.what();
+  }
+  // "collectives": null belongs to a one-rank calibration only.
+  p.calibration_world_size = 4;
+  EXPECT_THROW(fp::profile_from_json(fp::profile_to_json(p)), fsdp::Error);
 }
 
 TEST(PlannerProfile, CalibrationFitGivesBackTheCollectiveTimes) {

@@ -71,6 +71,8 @@ struct DeviceProfile {
   /// adds every collective to the compute thread's time.
   bool comm_overlaps_compute = true;
   CollectiveLinks all_gather, reduce_scatter, all_reduce;
+  /// False for a profile calibrated at N = 1 (no collective was measured): it plans one rank only.
+  bool has_collectives = true;
   /// Calibrated profiles: the world size measured and the raw fits per kind (all_gather,
   /// reduce_scatter, all_reduce); 0 and empty for datasheet profiles.
   int64_t calibration_world_size = 0;
@@ -83,7 +85,8 @@ struct DeviceProfile {
   double model_flops_per_s(Precision p) const;
   /// step_update_s_per_elem_* of an optimizer kind.
   double step_update_s_per_elem(OptimizerKind o) const;
-  /// The links of a collective kind (all-to-all and broadcast use all_reduce's).
+  /// The links of a collective kind (all-to-all and broadcast use all_reduce's). Throws
+  /// fsdp::Error (kInvalidArgument) when the profile has no collective figures (has_collectives).
   const CollectiveLinks& links(fsdp::comm::CollectiveKind kind) const;
 };
 
