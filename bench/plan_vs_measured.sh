@@ -7,8 +7,8 @@
 #   bash bench/plan_vs_measured.sh [OUT_DIR]      (env: BIN=build/bin PRESETS="micro gpt2"
 #                                                  NRANKS="1 2 4" STEPS=4 GLOBAL_BATCH=4 SEQ_LEN=64)
 #
-# CPU-heavy (gpt2 at N = 4 oversubscribes 2 cores): minutes per preset. The calibration at N = 1
-# uses 2 ranks (collectives need two); one rank alone has a core to itself either way.
+# CPU-heavy (gpt2 at N = 4 oversubscribes 2 cores): minutes per preset. Each N is calibrated with
+# N ranks at once, as it runs (N = 1: one rank, no collectives).
 set -euo pipefail
 OUT=${1:-out/plan_vs_measured}
 BIN=${BIN:-build/bin}
@@ -23,9 +23,8 @@ MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 
 for preset in $PRESETS; do
   for n in $NRANKS; do
-    cal=$(( n < 2 ? 2 : n ))
     profile="$OUT/profile_${preset}_n${n}.json"
-    "${MPIRUN[@]}" -n "$cal" "$BIN/fsdp-plan" --calibrate --out "$profile" --name "${preset}-n${n}" \
+    "${MPIRUN[@]}" -n "$n" "$BIN/fsdp-plan" --calibrate --out "$profile" --name "${preset}-n${n}" \
       --model "$preset" --micro-batch-size $(( GLOBAL_BATCH / n )) --seq-len "$SEQ_LEN" \
       > "$OUT/calibrate_${preset}_n${n}.txt"
     python3 bench/strategy_table.py --presets "$preset" --nranks "$n" --steps "$STEPS" \
