@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/accounting/memory.h"
 #include "fsdp/common/cpu_info.h"
 #include "fsdp/planner/time_model.h"
 #include "models/gpt.h"
@@ -229,6 +230,9 @@ int64_t ranks_on_this_node(int64_t world) {
 fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& world, std::ostream& log) {
   const int64_t N = world.size();
   at::set_num_threads(flags.threads);
+  // As fsdp-train: the counting allocator, freed heap kept mapped (no page faults per step).
+  fsdp::accounting::install_counting_allocator();
+  fsdp::accounting::retain_freed_heap_memory();
   const bool root = world.rank() == 0;
   fp::PlanInputs in = resolve_inputs(flags);
   const fp::ModelSpec& m = in.model;

@@ -52,7 +52,9 @@ Resumed resume(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& m
   const std::string path = c.resume == "latest" ? c.save : c.resume;
   fsdp::checkpoint::TrainState st;
   const auto t0 = Clock::now();
-  r.path = checkpoint_call("--resume " + path, [&] {
+  const std::string what = c.resume == "latest" ? "--resume latest (the newest in --save " + c.save + ")"
+                                                : "--resume " + path;
+  r.path = checkpoint_call(what, [&] {
     return fsdp::checkpoint::load_sharded(path, model, &optimizer, &st, group);
   });
   r.load_s = seconds_since(t0);
