@@ -116,6 +116,36 @@ TEST(MetaInit, PeakStaysBelowTheFullModel) {
   if (g->size() > 1) EXPECT_LT(peak, full_bytes) << "full model " << full_bytes;
 }
 
+// no_shard reduces each unit's bucket from its parameters' AccumulateGrad hooks, during backward,
+// in fp32 (the module params alias the rows) and with bf16 params (cast copies, empty between
+// steps), whether the model was initialised normally or materialised from the meta device (whose
+// fp32 full tensors replace a bf16 param's AccumulateGrad node): when the first block's fc1
+// gradient is computed, the buckets of the blocks after it are on the wire. [Note: reducer hooks]
+TEST(MetaInit, NoShardBucketsGoOutDuringBackward) {
+  auto g = world();
+  for (bool meta : {false, true}) {
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE(std::string(meta ? "meta init" : "normal init") + (bf16 ? ", bf16" : ", fp32"));
+      auto options = options_for(fsdp::ShardingStrategy::kNoShard, g->size());
+      if (bf16) options.mixed_precision.param_dtype = at::kBFloat16;
+      torch::manual_seed(7);
+      auto net = build(meta ? at::kMeta : at::kCPU);
+      if (!meta) fsdp::init_parameters(*net, dev_net_init);
+      shard(net, g, options);
+      if (meta) fsdp::materialize(net, dev_net_init);
+      const auto all_reduces = [&] {
+        return g->stats().snapshot()[static_cast<int>(fsdp::comm::CollectiveKind::kAllReduce)].calls;
+      };
+      const int64_t start = all_reduces();
+      int64_t issued = -1;
+      net->blocks[0]->fc1->weight.register_hook([&](const at::Tensor&) { issued = all_reduces() - start; });
+      step_loss(net, at::kCPU).backward();
+      EXPECT_EQ(issued, kLayers - 1) << "buckets issued when b0.fc1's gradient was computed";
+      EXPECT_EQ(all_reduces() - start, kLayers + 1);  // one bucket per unit
+    }
+  }
+}
+
 // A dry run of this rank on a simulated group of the same size reports exactly the bytes the
 // engine accounts for the same step run for real (forward, backward, AdamW step), by kind, for
 // every strategy, in fp32 and with bf16 params (fp32 master weights).
