@@ -142,7 +142,7 @@ json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& 
       {"forward_prefetch", f.forward_prefetch},
       {"hybrid_shard_group_size", f.hybrid_shard_group_size},
       {"bucket_cap_bytes", f.bucket_cap_bytes},
-      {"activation_checkpointing", c.activation_checkpointing},
+      {"activation_checkpointing", c.activation_checkpointing}, {"meta_init", c.meta_init},
       {"memory_budget_bytes", c.memory_budget_bytes},
       {"root_output_dtype", f.root_output_fp32 ? "fp32" : "unchanged"},
       {"save", c.save}, {"save_every", c.save_every}, {"keep", c.keep},
