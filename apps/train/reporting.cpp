@@ -222,13 +222,14 @@ StepTotals reduce_step_report(double local_loss, const StepMemory& local,
   at::Tensor mem_t =
       at::tensor(std::vector<int64_t>{local.param_shard_bytes, local.grad_shard_bytes,
                                       local.optim_state_bytes, local.peak_bytes,
-                                      local.unsharded_param_bytes, local.resident_bytes},
+                                      local.unsharded_param_bytes, local.resident_bytes,
+                                      local.activation_bytes},
                  at::kLong);
   group.all_reduce(mem_t, fsdp::comm::ReduceOp::kMax)->wait();
   const int64_t* m = mem_t.data_ptr<int64_t>();
   StepTotals t;
   t.loss = loss_t.item<double>();
-  t.mem = {m[0], m[1], m[2], m[4], m[5], m[3]};
+  t.mem = {m[0], m[1], m[2], m[4], m[5], m[3], m[6]};
   return t;
 }
 
@@ -248,7 +249,8 @@ json step_event(const StepRecord& r) {
               {"optim_state_bytes", m.optim_state_bytes},
               {"unsharded_param_bytes", m.unsharded_param_bytes},
               {"resident_bytes", m.resident_bytes},
-              {"peak_bytes", m.peak_bytes}}},
+              {"peak_bytes", m.peak_bytes},
+              {"activation_bytes", m.activation_bytes}}},
             {"comm", r.comm}};
   if (r.loss_scaling) {
     e["loss_scale"] = r.loss_scale;

@@ -194,7 +194,7 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
   auto lookup_transient = [&](bool earlier) {
     return (arch.tied_head ? 2 * lookup_grad : 0) + (earlier ? lookup_grad : 0);
   };
-  const int64_t saved_per_block = setup.activation_checkpointing ? act.block_input_bytes : act.block_bytes;
+  const int64_t saved_per_block = setup.activation_checkpointing ? act.checkpointed_block_bytes : act.block_bytes;
 
   PeakBytes best;
   Moments moments(&best);

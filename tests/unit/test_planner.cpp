@@ -4,6 +4,8 @@
 // tensors, the time model's limits, recommendations, the JSON forms.
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/check.h"
@@ -288,8 +290,12 @@ TEST(PlannerActivations, GptMatchesPyTorchsSavedTensors) {
   EXPECT_EQ(fp::activation_model(m, st).block_bytes, 8'421'376) << "fp32 flash, T = 512";
   st.activation_checkpointing = true;
   a = fp::activation_model(m, st);
-  EXPECT_EQ(a.total_saved_bytes, a.block_input_bytes + a.root_bytes);
+  EXPECT_EQ(a.total_saved_bytes, a.checkpointed_block_bytes + a.root_bytes);
   EXPECT_EQ(a.block_input_bytes, 2 * 512 * 128 * 4);
+  EXPECT_EQ(a.checkpointed_block_bytes, 2 * 512 * 128 * 4 + 5056) << "the input and the CPU generator state";
+  // What fsdp::checkpoint_activations saves: the CPU generator's state tensor, in this libtorch.
+  EXPECT_EQ(static_cast<int64_t>(at::detail::getDefaultCPUGenerator().get_state().nbytes()),
+            fp::kCpuGeneratorStateBytes);
   EXPECT_FALSE(fp::activation_model(fp::params_only_model(100, 2), st).known);
 }
 
