@@ -20,6 +20,19 @@
       --mixed-precision fp32 --strategy full_shard: the losses of the first 20 steps at N = 1, 2
       and 4 agree within 1e-4 relative (issue 3).
 
+  train_e2e.py meta_init  --bin ... --data-dir ...
+      --meta-init (built on the meta device, each rank writes only its rows): 4 steps at N = 2 of
+      full_shard and no_shard, fp32 and bf16, of zero1 and shard_grad_op in fp32, and of full_shard
+      fp32 at N = 1, have the losses and gradient norms of the same run built normally, bit for
+      bit (the shards are bitwise those of the normal build, and the training path is the same);
+      --meta-init with --dry-run (which always builds on the meta device) is a usage error naming
+      both flags (exit 2).
+
+  train_e2e.py activations  --bin ... --plan build/bin/fsdp-plan --data-dir ...
+      mem.activation_bytes of a step (what one micro-batch's forward leaves for its backward) is
+      fsdp-plan's activations.total_saved_bytes for the same run within 0.1%, in fp32 and bf16,
+      with and without --activation-checkpointing (N = 1), and checkpointing lowers it.
+
   train_e2e.py budget  --bin ... --data-dir ...
       --memory-budget: at N = 2 and 4 a model that --strategy no_shard cannot train under the budget
       fails on every rank with one error line (exit 1, no abort banner, no step, no checkpoint),
@@ -331,6 +344,54 @@ def test_parity(opts, tmp):
     check(runs[1][20] < runs[1][1], "loss decreases (%.4f -> %.4f)" % (runs[1][1], runs[1][20]))
 
 
+def test_meta_init(opts, tmp):
+    runs = [(2, s, mp) for s in ("full_shard", "no_shard") for mp in ("fp32", "bf16")]
+    runs += [(2, "zero1", "fp32"), (2, "shard_grad_op", "fp32"), (1, "full_shard", "fp32")]
+    for n, strategy, mp in runs:
+        got = {}
+        for meta in (False, True):
+            m = os.path.join(tmp, "mi-%d-%s-%s-%d.jsonl" % (n, strategy, mp, meta))
+            launch(["--steps", "4", "--strategy", strategy, "--mixed-precision", mp, "--metrics", m] +
+                   (["--meta-init"] if meta else []), n, opts)
+            cfg = events(m, "config")
+            check(len(cfg) == 1 and cfg[0]["meta_init"] == meta, "config event says meta_init %s" % meta)
+            got[meta] = [(e["step"], e["loss"], e["grad_norm"]) for e in events(m, "step")]
+            check(len(got[meta]) == 4, "N=%d %s %s meta_init=%s: 4 steps" % (n, strategy, mp, meta))
+        check(got[True] == got[False],
+              "N=%d %s %s: --meta-init losses and grad norms equal the normal build's bit for bit:\n"
+              "  normal %r\n  meta   %r" % (n, strategy, mp, got[False], got[True]))
+    p = subprocess.run([opts.bin, "--dry-run", "--world-size", "2", "--model", "micro", "--meta-init"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    check(p.returncode == 2 and "--meta-init" in error_line(p) and "--dry-run" in error_line(p),
+          "--meta-init --dry-run: exit %d (want 2), error %r" % (p.returncode, error_line(p)))
+
+
+def test_activations(opts, tmp):
+    check(opts.plan is not None, "--plan names fsdp-plan")
+    got = {}
+    for mp in ("fp32", "bf16"):
+        for ck in (False, True):
+            m = os.path.join(tmp, "act-%s-%d.jsonl" % (mp, ck))
+            launch(["--steps", "2", "--mixed-precision", mp, "--metrics", m] +
+                   (["--activation-checkpointing"] if ck else []), 1, opts)
+            cfg = events(m, "config")[0]
+            measured = max(e["mem"]["activation_bytes"] for e in events(m, "step"))
+            cmd = [opts.plan, "--json", "--model", cfg["model"], "--n-layer", str(cfg["n_layer"]),
+                   "--n-head", str(cfg["n_head"]), "--n-embd", str(cfg["n_embd"]),
+                   "--block-size", str(cfg["block_size"]), "--vocab-size", str(cfg["vocab_size"]),
+                   "--attention", cfg["attention"], "--world-size", "1", "--strategy", cfg["strategy"],
+                   "--mixed-precision", mp, "--global-batch-size", str(cfg["global_batch_size"]),
+                   "--micro-batch-size", str(cfg["micro_batch_size"]), "--seq-len", str(cfg["seq_len"])]
+            if ck:
+                cmd.append("--activation-checkpointing")
+            planned = json.loads(subprocess.run(cmd, check=True, stdout=subprocess.PIPE,
+                                                text=True).stdout)["activations"]["total_saved_bytes"]
+            check(abs(planned - measured) <= 1e-3 * measured,
+                  "%s checkpointing=%s: measured activation bytes %d, planner %d" % (mp, ck, measured, planned))
+            got[(mp, ck)] = measured
+        check(got[(mp, True)] < got[(mp, False)], "%s: checkpointing keeps less" % mp)
+
+
 # The --memory-budget demo (apps/README.md): a model whose no_shard state (16 bytes/param on every
 # rank) does not fit the budget while full_shard's (16/N bytes/param plus activations and the
 # gathered units) does, at N = 2 and 4. Peaks measured on the dev machine are in apps/README.md.
@@ -387,8 +448,9 @@ def test_budget(opts, tmp):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["resume", "parity", "budget"])
+    ap.add_argument("mode", choices=["resume", "parity", "budget", "meta_init", "activations"])
     ap.add_argument("--bin", required=True)
+    ap.add_argument("--plan", help="fsdp-plan (mode activations)")
     ap.add_argument("--data-dir", required=True)
     opts = ap.parse_args()
     if shutil.which("mpirun") is None:
@@ -400,7 +462,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="fsdp-train-e2e-")
     try:
         t0 = time.time()
-        {"resume": test_resume, "parity": test_parity, "budget": test_budget}[opts.mode](opts, tmp)
+        {"resume": test_resume, "parity": test_parity, "budget": test_budget,
+         "meta_init": test_meta_init, "activations": test_activations}[opts.mode](opts, tmp)
         print("PASS (%.1f s)" % (time.time() - t0))
         return 0
     finally:

@@ -142,7 +142,7 @@ json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& 
       {"forward_prefetch", f.forward_prefetch},
       {"hybrid_shard_group_size", f.hybrid_shard_group_size},
       {"bucket_cap_bytes", f.bucket_cap_bytes},
-      {"activation_checkpointing", c.activation_checkpointing},
+      {"activation_checkpointing", c.activation_checkpointing}, {"meta_init", c.meta_init},
       {"memory_budget_bytes", c.memory_budget_bytes},
       {"root_output_dtype", f.root_output_fp32 ? "fp32" : "unchanged"},
       {"save", c.save}, {"save_every", c.save_every}, {"keep", c.keep},
@@ -222,13 +222,14 @@ StepTotals reduce_step_report(double local_loss, const StepMemory& local,
   at::Tensor mem_t =
       at::tensor(std::vector<int64_t>{local.param_shard_bytes, local.grad_shard_bytes,
                                       local.optim_state_bytes, local.peak_bytes,
-                                      local.unsharded_param_bytes, local.resident_bytes},
+                                      local.unsharded_param_bytes, local.resident_bytes,
+                                      local.activation_bytes},
                  at::kLong);
   group.all_reduce(mem_t, fsdp::comm::ReduceOp::kMax)->wait();
   const int64_t* m = mem_t.data_ptr<int64_t>();
   StepTotals t;
   t.loss = loss_t.item<double>();
-  t.mem = {m[0], m[1], m[2], m[4], m[5], m[3]};
+  t.mem = {m[0], m[1], m[2], m[4], m[5], m[3], m[6]};
   return t;
 }
 
@@ -248,7 +249,8 @@ json step_event(const StepRecord& r) {
               {"optim_state_bytes", m.optim_state_bytes},
               {"unsharded_param_bytes", m.unsharded_param_bytes},
               {"resident_bytes", m.resident_bytes},
-              {"peak_bytes", m.peak_bytes}}},
+              {"peak_bytes", m.peak_bytes},
+              {"activation_bytes", m.activation_bytes}}},
             {"comm", r.comm}};
   if (r.loss_scaling) {
     e["loss_scale"] = r.loss_scale;

@@ -12,7 +12,12 @@
 //     all-reduce of N int64 (nonfinite.h), one per step (a second only on a non-finite norm).
 //   * "mem" values are the MAX over ranks. param/grad/optim/unsharded/resident bytes are
 //     fsdp::accounting::model_state_bytes after optimizer.step() (before zero_grad); peak_bytes is
-//     the counting allocator's peak over the training part of the step (reset at its start).
+//     the counting allocator's peak over the training part of the step (reset at its start);
+//     activation_bytes is, for the micro-batch that holds most, the counting allocator's bytes when
+//     its backward starts (the logits freed, the loss computed) less those before its forward,
+//     both less the unsharded params alive then (fsdp::accounting::model_state_bytes: the root a
+//     forward leaves gathered, shard_grad_op's blocks, no_shard's casts): what autograd saved for
+//     backward, plus the scalar loss.
 //   * "loss" is the mean over the global batch (all-reduce kAvg of each rank's local mean).
 //   * step_time_s / tokens_per_s cover the training part; tokens = global batch * seq len.
 //   * --trace: every rank records its events; at the end they are gathered to rank 0 over the
@@ -178,6 +183,7 @@ struct StepMemory {
   int64_t unsharded_param_bytes = 0;  ///< unsharded params resident (zero1: its full params)
   int64_t resident_bytes = 0;         ///< all of the above plus unsharded grads alive
   int64_t peak_bytes = 0;             ///< counting allocator's peak of the training part
+  int64_t activation_bytes = 0;       ///< saved for backward by one micro-batch's forward and loss
 };
 
 /// The numbers every rank reports alike for a step ([Note: measurement rules]).

@@ -332,6 +332,10 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
                                            "without data, training or files)");
         }
       }
+      if (c.meta_init) {
+        throw CLI::ValidationError("--meta-init", "has no effect with --dry-run (a dry run always builds the "
+                                                  "model on the meta device and initialises nothing)");
+      }
     }
     if (!c.dry_run && c.model.rfind("llama", 0) == 0) {
       throw CLI::ValidationError("--model", c.model + " is available with --dry-run only (fsdp-train trains "

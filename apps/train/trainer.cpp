@@ -84,6 +84,8 @@ class Trainer {
 
  private:
   StepResult train_step(const at::Tensor& batch, int64_t step);
+  /// The counting allocator's bytes now, less the unsharded params alive (activation_bytes).
+  int64_t held_for_activations() const;
   void eval_now(int64_t step);
   void save_now();
   void sample();
@@ -206,6 +208,11 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   print_start(console_, cfg_, facts_, cpu);
 }
 
+int64_t Trainer::held_for_activations() const {
+  return fsdp::accounting::current_bytes() -
+         fsdp::accounting::model_state_bytes(model_.ptr()).unsharded_param_bytes;
+}
+
 StepResult Trainer::train_step(const at::Tensor& batch, int64_t step) {
   // The measured part of the step: [Note: measurement rules] in reporting.h.
   StepResult r;
@@ -217,6 +224,7 @@ StepResult Trainer::train_step(const at::Tensor& batch, int64_t step) {
     fsdp::set_requires_gradient_sync(model_.ptr(), k == accum - 1);
     at::Tensor mb = batch.slice(0, k * micro, (k + 1) * micro);  // (micro, T+1)
     at::Tensor loss;
+    const int64_t held_before = held_for_activations();
     {
       TraceScope s(trace_, "forward mb" + std::to_string(k));
       at::Tensor logits = fsdp::call(model_, mb.slice(1, 0, T));  // (micro, T, V)
@@ -226,6 +234,8 @@ StepResult Trainer::train_step(const at::Tensor& batch, int64_t step) {
         loss = loss * std::numeric_limits<double>::quiet_NaN();  // test only
       }
     }
+    // [Note: measurement rules] What the forward and the loss left for backward.
+    r.mem.activation_bytes = std::max(r.mem.activation_bytes, held_for_activations() - held_before);
     {
       TraceScope s(trace_, "backward mb" + std::to_string(k));
       const fsdp::ActivityScope activity(nullptr, "backward");
@@ -257,8 +267,9 @@ StepResult Trainer::train_step(const at::Tensor& batch, int64_t step) {
     optimizer_->zero_grad();
   }
   r.step_time_s = seconds_since(t0);
+  const int64_t activation_bytes = r.mem.activation_bytes;
   r.mem = {state.sharded_param_bytes, state.sharded_grad_bytes, state.optim_state_bytes,
-           state.unsharded_param_bytes, state.resident_bytes(), 0};
+           state.unsharded_param_bytes, state.resident_bytes(), 0, activation_bytes};
   return r;
 }
 

@@ -91,10 +91,11 @@ ActivationModel activation_model(const ModelSpec& model, const StepSetup& setup)
 
   m.block_bytes = sum(m.block);
   m.block_input_bytes = BTC * a;
+  m.checkpointed_block_bytes = m.block_input_bytes + kCpuGeneratorStateBytes;
   m.root_bytes = sum(m.root);
   m.root_lookup_bytes = A.kind == BlockKind::kGpt ? BT * 8 + T * 8 : BT * 8;
   m.loss_transient_bytes = 2 * BT * V * 4;
-  const int64_t per_block = setup.activation_checkpointing ? m.block_input_bytes : m.block_bytes;
+  const int64_t per_block = setup.activation_checkpointing ? m.checkpointed_block_bytes : m.block_bytes;
   m.total_saved_bytes = A.n_layer * per_block + m.root_bytes;
   return m;
 }

@@ -178,7 +178,23 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
   };
   int64_t all_grads = 0;
   for (size_t u = 0; u < un.size(); ++u) all_grads += full_grad(u);
-  const int64_t saved_per_block = setup.activation_checkpointing ? act.block_input_bytes : act.block_bytes;
+  // [Note: tied head gradient] A tied head's gradient of the token embedding (V x C) is summed
+  // with the lookup's gradient by autograd before the embedding's AccumulateGrad runs, at the very
+  // end of backward; until then it waits in autograd's input buffer. Without accumulation it
+  // stands in for the root's full_grad (no .grad exists yet); with accumulation the .grad of the
+  // earlier micro-batches exists beside it. The lookup's backward then holds the waiting gradient,
+  // the lookup's dense gradient (V x C) and their sum (a new V x C tensor: libtorch's input buffer
+  // adds two dense gradients out of place; measured with the counting allocator).
+  const Architecture& arch = model.arch;
+  const bool has_lookups = arch.kind != BlockKind::kNone && arch.vocab_size > 0 && arch.n_embd > 0;
+  const int64_t lookup_grad = has_lookups ? pb * arch.vocab_size * arch.n_embd : 0;
+  const int64_t tied_waiting = arch.tied_head && accumulating ? lookup_grad : 0;
+  // At the lookup's backward: its dense gradient, the sum with a tied head's (2 x V x C), and the
+  // .grad of the earlier micro-batches (with accumulation; `earlier` of them) beside the new one.
+  auto lookup_transient = [&](bool earlier) {
+    return (arch.tied_head ? 2 * lookup_grad : 0) + (earlier ? lookup_grad : 0);
+  };
+  const int64_t saved_per_block = setup.activation_checkpointing ? act.checkpointed_block_bytes : act.block_bytes;
 
   PeakBytes best;
   Moments moments(&best);
@@ -204,7 +220,7 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
     PeakBytes m = base;
     m.moment = "backward of " + model.units[b].name;
     m.unsharded_param_bytes = params_alive(b);
-    int64_t grads = full_grad(0) + full_grad(b) + reduce_input(b);
+    int64_t grads = full_grad(0) + tied_waiting + full_grad(b) + reduce_input(b);
     if (ddp) {
       grads += ddp_buffers;
     } else if (b < L) {
@@ -221,6 +237,29 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
       ddp_buffers += reduce_buffers(b);
     } else if (b < L) {
       reduced += sharded_grad(b + 1);
+    }
+  }
+  if (has_lookups) {  // Backward of the token embedding, the last of the root's backward.
+    PeakBytes m = base;
+    m.moment = "backward of the token embedding";
+    m.unsharded_param_bytes = params_alive(0);
+    int64_t grads = full_grad(0) + lookup_transient(accumulating);
+    if (ddp) {
+      grads += ddp_buffers;  // every block's bucket, kept until the end of backward
+    } else {
+      m.sharded_grad_bytes = state.sharded_grad_bytes - sharded_grad(0) - (L >= 1 ? sharded_grad(1) : 0);
+      if (L >= 1) grads += reduce_buffers(1);  // the first block's reduce-scatter in flight
+    }
+    m.unsharded_grad_bytes = grads;
+    m.activation_bytes = act.root_lookup_bytes;
+    moments.consider(m);
+    if (accumulating) {  // a micro-batch without gradient sync: every unit's full gradients
+      PeakBytes n = base;
+      n.moment = "backward of the token embedding (no gradient sync)";
+      n.unsharded_param_bytes = params_alive(0);
+      n.unsharded_grad_bytes = all_grads + lookup_transient(setup.accumulation_steps > 2);
+      n.activation_bytes = act.root_lookup_bytes;
+      moments.consider(n);
     }
   }
   {  // End of backward: the root's gradient reduced last; no_shard's buckets all land.

@@ -1,6 +1,7 @@
 // plan_to_json (plan.h): the machine-readable form of a Plan, for scripts.
 #include <nlohmann/json.hpp>
 
+#include "fsdp/planner/activations.h"
 #include "fsdp/planner/plan.h"
 
 namespace fsdp::planner {
@@ -104,6 +105,16 @@ std::string plan_to_json(const Plan& plan) {
                  {"memory_per_rank_bytes", plan.memory_per_rank_bytes},
                  {"headroom", in.headroom},
                  {"usable_bytes", plan.usable_bytes}};
+  const ActivationModel act = activation_model(m, st);
+  j["activations"] = {{"known", act.known},
+                      {"attention_kernel", act.attention_kernel},
+                      {"block_bytes", act.block_bytes},
+                      {"block_input_bytes", act.block_input_bytes},
+                      {"checkpointed_block_bytes", act.checkpointed_block_bytes},
+                      {"root_bytes", act.root_bytes},
+                      {"root_lookup_bytes", act.root_lookup_bytes},
+                      {"loss_transient_bytes", act.loss_transient_bytes},
+                      {"total_saved_bytes", act.total_saved_bytes}};
   j["profile"] = json::parse(profile_to_json(in.profile));
   j["bytes_per_param"] = {{"engine", split_json(plan.engine_split)}, {"zero_paper", split_json(plan.zero_paper_split)}};
   j["strategies"] = json::array();

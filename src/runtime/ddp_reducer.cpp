@@ -78,26 +78,39 @@ DdpReducer::DdpReducer(std::vector<FSDPParam>& params, comm::ProcessGroupPtr gro
       unit_name_(std::move(unit_name)),
       plan_(trainable_numels(params), cap_bytes / static_cast<int64_t>(c10::elementSize(reduce_dtype))),
       buffers_(plan_.num_buckets()),
-      works_(plan_.num_buckets()) {}
+      works_(plan_.num_buckets()),
+      grad_accumulators_(params.size()),
+      hooked_nodes_(params.size(), nullptr) {}
 
 std::shared_ptr<DdpReducer> DdpReducer::create(std::vector<FSDPParam>& params, comm::ProcessGroupPtr group,
                                                c10::ScalarType reduce_dtype, int64_t cap_bytes,
                                                std::string unit_name) {
-  std::shared_ptr<DdpReducer> r(new DdpReducer(params, std::move(group), reduce_dtype, cap_bytes, std::move(unit_name)));
-  r->install_hooks();
-  return r;
+  return std::shared_ptr<DdpReducer>(
+      new DdpReducer(params, std::move(group), reduce_dtype, cap_bytes, std::move(unit_name)));
 }
 
-void DdpReducer::install_hooks() {
+// [Note: reducer hooks] A parameter's AccumulateGrad node records the tensor's shape, dtype and
+// device when it is created, and the engine checks every gradient it receives against them. The
+// tensor holds the node weakly and Variable::set_data drops it when the dtype or device changes.
+// So the hooks are installed at the unit's unshard, when the module param is its unsharded tensor
+// (with a cast param_dtype, fully_shard leaves it an empty [0] tensor until then: a node made
+// there rejects the (out, in) gradient), and installed again on the param's new node when the one
+// hooked is no longer its node (materialize writes the rows through an fp32 full tensor, which
+// drops a bf16 param's node: the old hooks would never fire and every bucket would wait for the end
+// of backward).
+void DdpReducer::ensure_hooks() {
   for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
     auto& p = params_[i];
     if (!p.requires_grad) continue;
+    auto current = torch::autograd::impl::try_get_grad_accumulator(p.module_param);
+    if (current && current.get() == hooked_nodes_[i]) continue;
     auto acc = torch::autograd::impl::grad_accumulator(p.module_param);
-    FSDP_CHECK(acc, ErrorKind::kInvalidArgument, (ErrorContext{group_->rank(), unit_name_, "fully_shard"}),
+    FSDP_CHECK(acc, ErrorKind::kInvalidArgument, (ErrorContext{group_->rank(), unit_name_, "forward"}),
                "parameter '", p.fqn, "' has no gradient accumulator");
     acc->add_post_hook(std::make_unique<GradAccumulatedHook>(weak_from_this(), i));
+    hooked_nodes_[i] = acc.get();
     using Acc = decltype(acc);
-    grad_accumulators_.emplace_back(new Acc(std::move(acc)), [](void* q) { delete static_cast<Acc*>(q); });
+    grad_accumulators_[i] = std::shared_ptr<void>(new Acc(std::move(acc)), [](void* q) { delete static_cast<Acc*>(q); });
   }
 }
 

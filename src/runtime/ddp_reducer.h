@@ -49,7 +49,8 @@ class BucketPlan {
 /// The transport side: packs a bucket's unsharded gradients, all-reduces it (average, in
 /// reduce_dtype) over the replicate group, and adds the result into the sharded grads. Owns the
 /// AccumulateGrad post-hooks that report ready gradients (the tensor holds its AccumulateGrad node
-/// only weakly: the reducer keeps the nodes alive; the hooks hold the reducer weakly).
+/// only weakly: the reducer keeps the nodes alive; the hooks hold the reducer weakly), installed
+/// by ensure_hooks ([Note: reducer hooks] in ddp_reducer.cpp).
 class DdpReducer : public std::enable_shared_from_this<DdpReducer> {
  public:
   /// params: the unit's params (outlives the reducer); group: the replicate group (all ranks).
@@ -58,6 +59,11 @@ class DdpReducer : public std::enable_shared_from_this<DdpReducer> {
                                             std::string unit_name);
   /// Whether the hooks reduce now (the unit syncs gradients and belongs to a tree).
   void set_armed(bool armed) { armed_ = armed; }
+  /// Hooks the AccumulateGrad node each trainable param has now, unless it is the one hooked
+  /// already. Call while the module params point at their unsharded tensors (after the unit's
+  /// unshard, before its forward uses them). Cheap when nothing changed (one pointer compare per
+  /// param).
+  void ensure_hooks();
   /// From the AccumulateGrad post-hook of param i: issues the buckets that became complete.
   /// Throws fsdp::Error (kState) when param i's gradient is accumulated twice in one backward.
   void on_grad_accumulated(int i);
@@ -77,7 +83,6 @@ class DdpReducer : public std::enable_shared_from_this<DdpReducer> {
  private:
   DdpReducer(std::vector<FSDPParam>& params, comm::ProcessGroupPtr group, c10::ScalarType reduce_dtype,
              int64_t cap_bytes, std::string unit_name);
-  void install_hooks();
   void issue(size_t b);
 
   std::vector<FSDPParam>& params_;
@@ -87,7 +92,9 @@ class DdpReducer : public std::enable_shared_from_this<DdpReducer> {
   BucketPlan plan_;
   std::vector<at::Tensor> buffers_;      // per bucket, while issued
   std::vector<comm::WorkPtr> works_;     // per bucket, while issued
+  // Per param: the hooked AccumulateGrad node (kept alive) and its address, null when none yet.
   std::vector<std::shared_ptr<void>> grad_accumulators_;
+  std::vector<const void*> hooked_nodes_;
   bool armed_ = false;
   bool touched_ = false;
   bool deferred_ = false;

@@ -45,12 +45,7 @@ DryRunResult dry_run(const DryRunSpec& spec) {
   }
   spec.shard(model, group);
   r.units = static_cast<int64_t>(units_of(model).size());
-  auto total_calls = [&] {
-    int64_t n = 0;
-    for (const auto& e : group->stats().snapshot()) n += e.calls;
-    return n;
-  };
-  const int64_t calls_before = total_calls();
+  const comm::CommStats::Snapshot before = group->stats().snapshot();
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (spec.loss) {
     at::Tensor loss = spec.loss(model);
@@ -60,7 +55,12 @@ DryRunResult dry_run(const DryRunSpec& spec) {
       optimizer->step();
     }
   }
-  r.collectives = total_calls() - calls_before;
+  const comm::CommStats::Snapshot after = group->stats().snapshot();
+  for (size_t k = 0; k < after.size(); ++k) {
+    r.step_comm[k].calls = after[k].calls - before[k].calls;
+    r.step_comm[k].bytes = after[k].bytes - before[k].bytes;
+    r.collectives += r.step_comm[k].calls;
+  }
   r.bytes = rank_state_bytes(model, optimizer.get());
   return r;
 }

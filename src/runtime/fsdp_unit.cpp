@@ -253,10 +253,15 @@ void FSDPUnit::unshard(const char* phase) {
     return;
   }
   if (sharded_state_ == ShardedState::kSharded) unshard_async(phase);
-  if (sharded_state_ == ShardedState::kUnsharded) return;
+  // [Note: reducer hooks] The module params are their unsharded tensors from here on.
+  if (sharded_state_ == ShardedState::kUnsharded) {
+    if (reducer_) reducer_->ensure_hooks();
+    return;
+  }
   detail::copy_out(*gather_, params_, gather_layout_);
   gather_.reset();
   sharded_state_ = ShardedState::kUnsharded;
+  if (reducer_) reducer_->ensure_hooks();
   if (traits_->lazy_gather) {
     gathered_versions_.clear();
     for (const auto& p : params_) gathered_versions_.push_back(p.sharded_param._version());

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/check.h"
+#include "fsdp/planner/activations.h"
 #include "fsdp/planner/plan.h"
 
 namespace fp = fsdp::planner;
@@ -162,6 +163,10 @@ TEST(PlannerJson, PlanParsesAndCarriesEveryStrategy) {
   EXPECT_EQ(j["recommendation"]["kind"].get<std::string>(), fp::to_string(p.recommendation.kind));
   EXPECT_EQ(j["recommendation"]["reason"].get<std::string>(), p.recommendation.reason);
   EXPECT_EQ(j["profile"]["name"].get<std::string>(), "h100");
+  const fp::ActivationModel act = fp::activation_model(in.model, in.step);
+  EXPECT_EQ(j["activations"]["total_saved_bytes"].get<int64_t>(), act.total_saved_bytes);
+  EXPECT_EQ(j["activations"]["block_bytes"].get<int64_t>(), act.block_bytes);
+  EXPECT_GT(act.total_saved_bytes, 0);
 }
 
 TEST(PlannerProfile, BuiltinsRoundTripThroughJson) {

@@ -20,6 +20,11 @@ struct SavedTensor {
   int64_t bytes = 0;
 };
 
+/// Bytes of the CPU generator state (at::Generator::get_state(), uint8) that fsdp's activation
+/// checkpointing saves per region (src/runtime/activation_checkpoint.cpp): libtorch's
+/// CPUGeneratorImpl state, torch.get_rng_state().numel() in Python.
+constexpr int64_t kCpuGeneratorStateBytes = 5056;
+
 /// Activations of one micro-batch of B sequences of T tokens.
 struct ActivationModel {
   bool known = false;              ///< false for a parameter-count model (BlockKind::kNone): all 0
@@ -27,7 +32,10 @@ struct ActivationModel {
   std::vector<SavedTensor> block;  ///< saved by one block (blocks are identical)
   std::vector<SavedTensor> root;   ///< saved by the root: lookups, final norm, head input, loss
   int64_t block_bytes = 0;         ///< sum of `block`
-  int64_t block_input_bytes = 0;   ///< B*T*C*a: all a block keeps under activation checkpointing
+  int64_t block_input_bytes = 0;   ///< B*T*C*a: the input a checkpointed block keeps
+  /// All a block keeps under activation checkpointing: its input and the CPU generator state its
+  /// recompute replays (kCpuGeneratorStateBytes).
+  int64_t checkpointed_block_bytes = 0;
   int64_t root_bytes = 0;          ///< sum of `root`
   /// Of root_bytes, what stays until the end of backward: the embedding lookups' index tensors
   /// (the final norm's and the loss's tensors are freed by the head's backward, which runs first).
@@ -36,7 +44,7 @@ struct ActivationModel {
   /// gradient of the log-probs and of the logits, 2 x B*T*V*4 (fp32).
   int64_t loss_transient_bytes = 0;
   /// Saved bytes of all blocks and the root as kept through forward: L x block_bytes (or, with
-  /// checkpointing, L x block_input_bytes) + root_bytes.
+  /// checkpointing, L x checkpointed_block_bytes) + root_bytes.
   int64_t total_saved_bytes = 0;
 };
 

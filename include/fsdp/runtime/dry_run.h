@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/comm/comm_stats.h"
 #include "fsdp/comm/process_group.h"
 
 namespace fsdp {
@@ -74,6 +75,9 @@ struct DryRunResult {
   int64_t units = 0;          ///< FSDP units of the tree
   int64_t param_numel = 0;    ///< parameters of the model (unsharded, tied ones once)
   int64_t collectives = 0;    ///< collectives the engine issued in the step (moved nothing)
+  /// Per collective kind, the calls and logical bytes of the step (CommStats' counting; busy_s 0):
+  /// what a real rank's ProcessGroup::stats() counts for the same step.
+  comm::CommStats::Snapshot step_comm{};
 };
 
 /// Runs spec on comm::simulated_world(world_size, rank): build, shard, then (when given) one
