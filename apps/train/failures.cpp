@@ -16,14 +16,18 @@ namespace apps::train {
 namespace {
 
 // The collective timeout: every live rank times out within moments of the others and writes its
-// dump; the lowest rank with a dump waits briefly for the others', then diagnoses.
+// dump; the lowest rank with a dump waits briefly for the others', then diagnoses. The others give
+// it time to print before they abort the job (its own abort ends them sooner).
 void diagnose_timeout(int rank, const std::string& dir) {
   if (dir.empty()) return;
   std::this_thread::sleep_for(std::chrono::seconds(3));
   try {
     std::vector<std::string> problems;
     auto dumps = diagnose::read_dumps(dir, &problems);
-    if (dumps.empty() || dumps.front().rank != rank) return;  // a lower rank speaks
+    if (dumps.empty() || dumps.front().rank != rank) {  // a lower rank speaks
+      std::this_thread::sleep_for(std::chrono::seconds(5));
+      return;
+    }
     int world = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     std::cerr << "fsdp-train [rank " << rank << "]: diagnosis (fsdp-diagnose " << dir << "): "
