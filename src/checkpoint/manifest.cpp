@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -434,18 +435,22 @@ std::string resolve_checkpoint(const std::string& path) {
 void verify_checkpoint(const std::string& checkpoint_dir) {
   in_op("verify_checkpoint", [&] {
     Manifest m = read_manifest(checkpoint_dir);
+    // One read buffer for every file, no larger than the largest (most files are small), not zeroed.
+    int64_t largest = 0;
+    for (const auto& f : m.files) largest = std::max(largest, f.bytes);
+    const size_t buf_bytes = static_cast<size_t>(std::clamp<int64_t>(largest, 1, int64_t(1) << 22));
+    std::unique_ptr<char[]> buf(new char[buf_bytes]);
     for (const auto& f : m.files) {
       const std::string path = (fs::path(checkpoint_dir) / f.path).string();
       io::FileReader r(path);
       FSDP_CHECK(r.size() == f.bytes, ErrorKind::kCorruptData, kNoContext, "checkpoint file '",
                  path, "' (rank ", f.rank, ") has ", r.size(), " bytes, the manifest says ", f.bytes,
                  r.size() < f.bytes ? " (truncated)" : "");
-      std::vector<char> buf(size_t(1) << 22);
       uint32_t crc = 0;
       for (int64_t off = 0; off < f.bytes;) {
-        size_t n = static_cast<size_t>(std::min<int64_t>(buf.size(), f.bytes - off));
-        r.read_at(off, buf.data(), n);
-        crc = io::crc32_update(crc, buf.data(), n);
+        size_t n = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(buf_bytes), f.bytes - off));
+        r.read_at(off, buf.get(), n);
+        crc = io::crc32_update(crc, buf.get(), n);
         off += static_cast<int64_t>(n);
       }
       char want[11], got[11];

@@ -170,7 +170,9 @@ void check_optimizer(const Manifest& m, const std::string& path) {
             expected_actual("learning rate", "finite and >= 0", m.group_lrs[g]));
   }
   std::set<std::string> listed;
-  for (const auto& [fqn, step] : m.optim_step) {
+  for (const auto& entry : m.optim_step) {
+    const std::string& fqn = entry.first;  // not a structured binding: C++17 lambdas cannot capture one
+    const int64_t step = entry.second;
     require(step >= 0 && step <= kMaxStep, path, "optimizer state of '", fqn, "': ",
             expected_actual("step", str_cat("in [0, ", kMaxStep, "]"), step));
     auto p = std::find_if(m.params.begin(), m.params.end(), [&](auto& x) { return x.name == fqn; });

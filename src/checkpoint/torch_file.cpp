@@ -12,7 +12,8 @@
 #include "torch_file.h"
 
 #include <ATen/ATen.h>
-#include <caffe2/serialize/inline_container.h>
+#include <c10/core/CPUAllocator.h>
+#include <caffe2/serialize/versions.h>
 
 #include <algorithm>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include <variant>
 
 #include "io.h"
+#include "zip_reader.h"
 
 namespace fsdp::checkpoint {
 
@@ -70,11 +72,11 @@ c10::ScalarType storage_dtype(const std::string& name, const ErrorContext& who) 
   throw Error(ErrorKind::kUnsupported, who, "storage type torch." + name + " is not supported");
 }
 
-// Runs the pickle in `pkl`; tensors' bytes come from `zip`.
+// Runs the pickle in `pkl`; tensors' bytes come from the records `dir`data/<key> of `zip`.
 class MiniUnpickler {
  public:
-  MiniUnpickler(const std::string& pkl, caffe2::serialize::PyTorchStreamReader& zip, ErrorContext who)
-      : p_(pkl), zip_(zip), who_(std::move(who)) {}
+  MiniUnpickler(const std::string& pkl, const ZipArchive& zip, std::string dir, ErrorContext who)
+      : p_(pkl), zip_(zip), dir_(std::move(dir)), who_(std::move(who)) {}
 
   ValuePtr run() {
     while (true) {
@@ -263,8 +265,9 @@ class MiniUnpickler {
                             const std::vector<int64_t>& stride) {
     if (size.size() != stride.size()) fail("a tensor whose size and stride differ in length");
     const std::string record = "data/" + s.key;
-    if (!zip_.hasRecord(record)) fail("the archive has no record '" + record + "'");
-    auto [data, nbytes] = zip_.getRecord(record);
+    if (!zip_.has(dir_ + record)) fail("the archive has no record '" + record + "'");
+    const std::string data = zip_.read(dir_ + record);
+    const size_t nbytes = data.size();
     const int64_t elem = static_cast<int64_t>(c10::elementSize(s.dtype));
     int64_t last = offset;  // the last element the view touches
     for (size_t i = 0; i < size.size(); ++i) {
@@ -276,8 +279,10 @@ class MiniUnpickler {
       fail(str_cat("record '", record, "' has ", nbytes, " bytes, too few for its tensor of size ",
                    c10::IntArrayRef(size)));
     }
-    c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<int64_t>(nbytes), std::move(data),
-                         nullptr, false);
+    c10::Allocator* cpu = c10::GetCPUAllocator();
+    c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<int64_t>(nbytes), cpu->allocate(nbytes),
+                         cpu, false);
+    if (nbytes > 0) std::memcpy(storage.mutable_data(), data.data(), nbytes);
     at::Tensor t = at::empty({0}, at::TensorOptions().dtype(s.dtype));
     t.set_(storage, offset, size, stride);
     return t;
@@ -285,72 +290,42 @@ class MiniUnpickler {
 
   const std::string& p_;
   size_t pos_ = 0;
-  caffe2::serialize::PyTorchStreamReader& zip_;
+  const ZipArchive& zip_;
+  std::string dir_;
   ErrorContext who_;
   std::vector<ValuePtr> stack_;
   std::map<size_t, ValuePtr> memo_;
 };
 
-// The file's bytes as the zip reader's input (libtorch does not export its own VectorReader).
-class BytesReader : public caffe2::serialize::ReadAdapterInterface {
- public:
-  explicit BytesReader(std::string bytes) : bytes_(std::move(bytes)) {}
-  size_t size() const override { return bytes_.size(); }
-  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
-    if (pos >= bytes_.size()) return 0;
-    const size_t k = std::min<size_t>(n, bytes_.size() - pos);
-    std::memcpy(buf, bytes_.data() + pos, k);
-    return k;
-  }
-
- private:
-  std::string bytes_;
-};
-
-uint64_t le(const std::string& b, size_t at, int n) {
-  uint64_t v = 0;
-  for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(b[at + i]);
-  return v;
-}
-
-// The names in the zip's central directory, or why there is none. PyTorchStreamReader aborts the
-// process (a fatal CAFFE_ENFORCE, not an exception) on a zip that is not laid out as torch.save
-// lays it out, so the layout is checked here first.
-std::string zip_layout_problem(const std::string& b) {
-  constexpr size_t kEocd = 22;
-  if (b.size() < kEocd) return "too short for a zip archive";
-  size_t e = b.size() - kEocd;
-  while (b.compare(e, 4, "PK\x05\x06") != 0) {
-    if (e == 0 || b.size() - e > kEocd + 65535) return "no zip end-of-directory record (truncated?)";
-    --e;
-  }
-  uint64_t entries = le(b, e + 10, 2), offset = le(b, e + 16, 4);
-  if ((entries == 0xffff || offset == 0xffffffff) && e >= 20 && b.compare(e - 20, 4, "PK\x06\x07") == 0) {
-    const uint64_t z = le(b, e - 20 + 8, 8);  // zip64 end-of-directory record
-    if (z + 56 > b.size() || b.compare(z, 4, "PK\x06\x06") != 0) return "a bad zip64 directory";
-    entries = le(b, z + 32, 8);
-    offset = le(b, z + 48, 8);
-  }
-  std::vector<std::string> names;
-  for (uint64_t i = 0, at = offset; i < entries; ++i) {
-    if (at + 46 > b.size() || b.compare(at, 4, "PK\x01\x02") != 0) return "a bad zip directory";
-    const uint64_t n = le(b, at + 28, 2), x = le(b, at + 30, 2), c = le(b, at + 32, 2);
-    if (at + 46 + n > b.size()) return "a bad zip directory";
-    names.push_back(b.substr(at + 46, n));
-    at += 46 + n + x + c;
-  }
-  if (names.empty() || names[0].find('/') == std::string::npos) {
-    return "its entries are not in one folder (a numpy .npz or another zip?)";
-  }
+// The folder ("<name>/") that holds the records of a torch.save archive, after checking the
+// layout that torch.save writes and torch.load requires: every record in one folder, a data.pkl
+// and a version record whose format version libtorch supports.
+std::string torch_save_folder(const ZipArchive& zip, const ErrorContext& who) {
+  const auto& names = zip.names();
+  FSDP_CHECK(!names.empty() && names[0].find('/') != std::string::npos, ErrorKind::kCorruptData, who,
+             "not a torch.save file: its entries are not in one folder (a numpy .npz or another zip?)");
   const std::string dir = names[0].substr(0, names[0].find('/') + 1);
-  bool pkl = false, version = false;
   for (const auto& n : names) {
-    if (n.compare(0, dir.size(), dir) != 0) return "its entries are not in one folder";
-    pkl = pkl || n == dir + "data.pkl";
-    version = version || n == dir + "version" || n == dir + ".data/version";
+    FSDP_CHECK(n.compare(0, dir.size(), dir) == 0, ErrorKind::kCorruptData, who,
+               "not a torch.save file: its entries are not in one folder");
   }
-  if (!pkl || !version) return "the zip archive has no data.pkl or version record";
-  return "";
+  const std::string version_record = zip.has(dir + ".data/version") ? dir + ".data/version" : dir + "version";
+  FSDP_CHECK(zip.has(dir + "data.pkl") && zip.has(version_record), ErrorKind::kCorruptData, who,
+             "not a torch.save file: the zip archive has no data.pkl or version record");
+  const std::string text = zip.read(version_record);
+  uint64_t version = 0;
+  try {
+    version = std::stoull(text);  // as libtorch parses it
+  } catch (const std::exception&) {
+    throw Error(ErrorKind::kCorruptData, who,
+                "not a torch.save file: its version record '" + text.substr(0, 16) + "' is not a number");
+  }
+  FSDP_CHECK(version >= caffe2::serialize::kMinSupportedFileFormatVersion &&
+                 version <= caffe2::serialize::kMaxSupportedFileFormatVersion,
+             ErrorKind::kUnsupported, who, "the file's format version ", version, " is not in [",
+             caffe2::serialize::kMinSupportedFileFormatVersion, ", ",
+             caffe2::serialize::kMaxSupportedFileFormatVersion, "], the versions this libtorch reads");
+  return dir;
 }
 
 // c10::Error's message without its backtrace, on one line.
@@ -368,29 +343,17 @@ std::vector<std::pair<std::string, at::Tensor>> read_torch_tensor_dict(const std
   FSDP_CHECK(bytes.size() >= 4 && bytes.compare(0, 4, "PK\x03\x04") == 0, ErrorKind::kCorruptData, who,
              "not a torch.save file: not a zip archive (torch.save writes one since PyTorch 1.6; a "
              "file saved with _use_new_zipfile_serialization=False is not supported)");
-  const std::string layout = zip_layout_problem(bytes);
-  FSDP_CHECK(layout.empty(), ErrorKind::kCorruptData, who, "not a torch.save file: ", layout);
-  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> zip;
-  std::string pkl;
-  try {
-    zip = std::make_unique<caffe2::serialize::PyTorchStreamReader>(
-        std::make_shared<BytesReader>(bytes));
-    FSDP_CHECK(zip->hasRecord("data.pkl"), ErrorKind::kCorruptData, who,
-               "not a torch.save file: the zip archive has no data.pkl (a numpy .npz?)");
-    if (zip->hasRecord("byteorder")) {
-      auto [b, n] = zip->getRecord("byteorder");
-      const std::string order(static_cast<const char*>(b.get()), n);
-      FSDP_CHECK(order == "little", ErrorKind::kUnsupported, who, "the file is ", order,
-                 "-endian; only little-endian files are read");
-    }
-    auto [d, n] = zip->getRecord("data.pkl");
-    pkl.assign(static_cast<const char*>(d.get()), n);
-  } catch (const c10::Error& e) {
-    throw Error(ErrorKind::kCorruptData, who, "not a torch.save file: " + first_line(e));
+  const ZipArchive zip(std::move(bytes), who, "not a torch.save file");
+  const std::string dir = torch_save_folder(zip, who);
+  if (zip.has(dir + "byteorder")) {
+    const std::string order = zip.read(dir + "byteorder");
+    FSDP_CHECK(order == "little", ErrorKind::kUnsupported, who, "the file is ", order,
+               "-endian; only little-endian files are read");
   }
+  const std::string pkl = zip.read(dir + "data.pkl");
   ValuePtr root;
   try {
-    root = MiniUnpickler(pkl, *zip, who).run();
+    root = MiniUnpickler(pkl, zip, dir, who).run();
   } catch (const c10::Error& e) {
     throw Error(ErrorKind::kCorruptData, who, "cannot rebuild a tensor: " + first_line(e));
   }

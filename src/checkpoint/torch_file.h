@@ -22,7 +22,8 @@ namespace fsdp::checkpoint {
 /// when it is not a zip archive of torch.save (e.g. a numpy .npz, a legacy non-zip torch.save, a
 /// truncated file), its pickle is malformed, it holds something other than a dict of str ->
 /// tensor (the message names the Python object or the key), or a tensor's storage is missing or
-/// too small; kUnsupported for a big-endian file or a storage dtype this build does not know.
+/// too small; kUnsupported for a big-endian file, a storage dtype this build does not know or a
+/// file format version libtorch does not read.
 /// The message is one line (no backtrace). Not collective.
 std::vector<std::pair<std::string, at::Tensor>> read_torch_tensor_dict(const std::string& path,
                                                                        const ErrorContext& who);

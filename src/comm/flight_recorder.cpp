@@ -24,15 +24,17 @@ FlightRecorder::FlightRecorder(size_t capacity) : capacity_(capacity == 0 ? 1 : 
 uint64_t FlightRecorder::add(CollectiveRecord record) {
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t id = next_id_++;
-  records_.emplace_back(id, std::move(record));
-  while (records_.size() > capacity_) records_.pop_front();
+  if (ring_.size() < capacity_) {
+    ring_.push_back(std::move(record));  // filling: ids 0, 1, ... land in slots 0, 1, ...
+  } else {
+    ring_[id % capacity_] = std::move(record);  // evicts the oldest record
+  }
   return id;
 }
 
 CollectiveRecord* FlightRecorder::find(uint64_t id) {
-  if (records_.empty() || id < records_.front().first) return nullptr;  // evicted
-  const size_t i = static_cast<size_t>(id - records_.front().first);
-  return i < records_.size() ? &records_[i].second : nullptr;
+  if (id >= next_id_ || next_id_ - id > ring_.size()) return nullptr;  // not issued, or evicted
+  return &ring_[id % capacity_];
 }
 
 void FlightRecorder::mark_running(uint64_t id, double start_s) {
@@ -55,8 +57,8 @@ void FlightRecorder::mark_done(uint64_t id, double end_s, OpState state, const s
 std::vector<CollectiveRecord> FlightRecorder::records() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<CollectiveRecord> out;
-  out.reserve(records_.size());
-  for (const auto& [id, r] : records_) out.push_back(r);
+  out.reserve(ring_.size());
+  for (uint64_t id = next_id_ - ring_.size(); id < next_id_; ++id) out.push_back(ring_[id % capacity_]);
   return out;
 }
 

@@ -238,3 +238,31 @@ TEST(HostSplit, UnevenHostsAreRejectedForPerHostGroups) {
   EXPECT_EQ(fsdp::comm::uniform_ranks_per_host(even), 3);
   EXPECT_EQ(even.ranks_on_my_host(), 3);
 }
+
+// The flight recorder keeps the newest `capacity` records, oldest first; updates of an evicted
+// record are ignored.
+TEST(FlightRecorder, KeepsTheNewestRecordsInIssueOrder) {
+  fsdp::comm::FlightRecorder rec(3);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 5; ++i) {
+    fsdp::comm::CollectiveRecord r;
+    r.seq = i;
+    r.tag.phase = std::string(40, static_cast<char>('a' + i));  // not a short string
+    ids.push_back(rec.add(std::move(r)));
+    auto kept = rec.records();
+    ASSERT_EQ(kept.size(), static_cast<size_t>(std::min(i + 1, 3)));
+    for (size_t k = 0; k < kept.size(); ++k) EXPECT_EQ(kept[k].seq, i + 1 - static_cast<int>(kept.size()) + static_cast<int>(k));
+  }
+  rec.mark_done(ids[0], 1.0, fsdp::comm::OpState::kFailed, "evicted");  // ignored
+  rec.mark_running(ids[3], 2.0);
+  rec.mark_done(ids[4], 3.0, fsdp::comm::OpState::kCompleted, "");
+  const auto kept = rec.records();
+  ASSERT_EQ(kept.size(), 3u);
+  EXPECT_EQ(kept[0].seq, 2);
+  EXPECT_EQ(kept[0].state, fsdp::comm::OpState::kQueued);
+  EXPECT_EQ(kept[1].state, fsdp::comm::OpState::kRunning);
+  EXPECT_EQ(kept[1].start_s, 2.0);
+  EXPECT_EQ(kept[2].state, fsdp::comm::OpState::kCompleted);
+  EXPECT_EQ(kept[2].tag.phase, std::string(40, 'e'));
+  for (const auto& r : kept) EXPECT_TRUE(r.error.empty()) << r.error;
+}

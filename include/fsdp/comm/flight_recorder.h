@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -39,7 +38,9 @@ struct CollectiveRecord {
 };
 
 /// The last `capacity` collectives of a family of process groups (a group and the groups split
-/// from it share one recorder). Thread-safe.
+/// from it share one recorder). Thread-safe. A ring of `capacity` slots, filled as collectives
+/// come: once full, a new record takes the oldest one's slot (no allocation per collective beyond
+/// the record's own strings).
 class FlightRecorder {
  public:
   explicit FlightRecorder(size_t capacity = 2048);
@@ -58,7 +59,7 @@ class FlightRecorder {
   mutable std::mutex mu_;
   size_t capacity_;
   uint64_t next_id_ = 0;
-  std::deque<std::pair<uint64_t, CollectiveRecord>> records_;  // (id, record), ids increasing
+  std::vector<CollectiveRecord> ring_;  // record id lives in ring_[id % capacity_]
   CollectiveRecord* find(uint64_t id);
 };
 
