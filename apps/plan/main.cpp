@@ -16,7 +16,10 @@
 // (under --calibrate, a rank's error aborts the job: its peers may wait in a collective).
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -30,6 +33,18 @@ namespace {
 
 int run_calibrate(const apps::plan::PlanFlags& flags) {
   fsdp::comm::ProcessGroupPtr world = fsdp::comm::mpi_world();
+  {  // --out is checked before anything is measured, on every rank alike (the same path)
+    const std::filesystem::path out(flags.out);
+    const std::filesystem::path dir = out.parent_path().empty() ? std::filesystem::path(".") : out.parent_path();
+    std::error_code ec;
+    if (std::filesystem::is_directory(out, ec)) {
+      throw apps::plan::UsageError("--out '" + flags.out + "' is a directory, expected a file path");
+    }
+    if (!std::filesystem::is_directory(dir, ec) || access(dir.c_str(), W_OK | X_OK) != 0) {
+      throw apps::plan::UsageError("--out '" + flags.out + "': its directory '" + dir.string() +
+                                   "' does not exist or cannot be written");
+    }
+  }
   const fsdp::planner::DeviceProfile p = apps::plan::calibrate(flags, *world, std::cout);
   if (world->rank() == 0) {
     std::ofstream out(flags.out, std::ios::trunc);

@@ -82,7 +82,7 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int* exit_code)
       ->check(CLI::IsMember({"auto", "flash", "math"}))->group("Model");
 
   app.add_option("--world-size", f.world_size, "Ranks (GPUs or processes) in the data-parallel group")
-      ->check(positive)->group("Parallelism");
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20))->group("Parallelism");
   app.add_option("--ranks-per-node", f.ranks_per_node, "Ranks per node (0: the profile's)")
       ->check(non_negative)->group("Parallelism");
   app.add_option("--strategy", f.strategy,
@@ -104,7 +104,7 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int* exit_code)
                  "Units (root excluded) holding full params at once, prefetch included")
       ->check(positive)->group("Parallelism");
   app.add_option("--bucket-cap-mb", f.bucket_cap_mb, "no_shard: gradient all-reduce bucket size in MiB (default 25)")
-      ->check(CLI::PositiveNumber)->group("Parallelism");
+      ->check(CLI::Range(1e-6, 1e6))->group("Parallelism");
 
   app.add_option("--global-batch-size", f.global_batch_size,
                  "Sequences per optimizer step, all ranks together (0: micro-batch x world size)")
