@@ -7,6 +7,7 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <sched.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -181,37 +183,56 @@ ModelRate model_rate(const fp::ModelSpec& m, const fp::StepSetup& step, at::Scal
   return {across_ranks(g, {flops / median(t)}, /*min=*/true)[0], layers};
 }
 
-// Seconds per element of the step update (profile.h step_update_s_per_elem_*) for an optimizer:
-// one fp32 parameter of 4M elements (beyond the caches) and its gradient; the finite check, the
-// norm, the clipping scale, the optimizer's step and zero_grad, as fsdp-train runs them after
-// backward; all ranks at once; median of 7 after a warm-up.
-double step_update_rate(fp::OptimizerKind kind, fsdp::comm::ProcessGroup& g) {
-  const int64_t E = int64_t{1} << 22;
-  at::Tensor p = at::randn({E}).requires_grad_(true);
-  std::unique_ptr<torch::optim::Optimizer> opt;
-  if (kind == fp::OptimizerKind::kAdamW) {
-    opt = std::make_unique<torch::optim::AdamW>(std::vector<at::Tensor>{p}, torch::optim::AdamWOptions(1e-4));
-  } else {
-    opt = std::make_unique<torch::optim::SGD>(
-        std::vector<at::Tensor>{p},
-        torch::optim::SGDOptions(1e-4).momentum(kind == fp::OptimizerKind::kSgdMomentum ? 0.9 : 0.0));
+// [Note: step update calibration] Seconds of the step update of one fp32 tensor by its size
+// (profile.h step_update_points_*), for an optimizer: for each size, a set of tensors of that size
+// (2^20 elements in all, at least one tensor) with gradients; as fsdp-train runs them after
+// backward, tensor by tensor, the 2-norm (summed in double, one item()) and the clip scale (the
+// gradients' own finite check runs only when the norm is not finite: not timed); then the
+// optimizer's step and zero_grad (set to none). Before each timed run the caches are
+// flushed (a 128 MiB buffer is written), as a step's forward and backward leave them; all ranks at
+// once; median of 5 after a warm-up; the slowest rank; seconds per tensor = the run / the tensors.
+std::vector<fp::UpdatePoint> step_update_points(fp::OptimizerKind kind, fsdp::comm::ProcessGroup& g) {
+  at::Tensor flush = at::empty({int64_t{1} << 25}, at::kFloat);
+  std::vector<fp::UpdatePoint> points;
+  std::vector<double> per_tensor_s;
+  for (int log2 = 10; log2 <= 24; log2 += 2) {
+    const int64_t E = int64_t{1} << log2, count = std::max<int64_t>(1, (int64_t{1} << 20) / E);
+    std::vector<at::Tensor> params, grads;
+    for (int64_t i = 0; i < count; ++i) {
+      params.push_back(at::randn({E}).requires_grad_(true));
+      grads.push_back(at::randn({E}));
+    }
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (kind == fp::OptimizerKind::kAdamW) {
+      opt = std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-4));
+    } else {
+      opt = std::make_unique<torch::optim::SGD>(
+          params, torch::optim::SGDOptions(1e-4).momentum(kind == fp::OptimizerKind::kSgdMomentum ? 0.9 : 0.0));
+    }
+    auto once = [&] {
+      for (int64_t i = 0; i < count; ++i) params[i].mutable_grad() = grads[i].clone();
+      flush.fill_(1.0f);
+      const double t0 = now_s();
+      std::vector<at::Tensor> parts;
+      for (const auto& p : params) parts.push_back(at::linalg_vector_norm(p.grad(), 2).to(at::kDouble).square());
+      const double norm = std::sqrt(at::stack(parts).sum().item<double>());
+      if (norm > 1.0) {
+        for (const auto& p : params) p.grad().mul_(1.0 / norm);
+      }
+      opt->step();
+      opt->zero_grad();
+      return now_s() - t0;
+    };
+    g.barrier()->wait();
+    once();
+    std::vector<double> t;
+    for (int r = 0; r < 5; ++r) t.push_back(once());
+    points.push_back({E, 0.0});
+    per_tensor_s.push_back(median(t) / static_cast<double>(count));
   }
-  auto once = [&] {
-    p.mutable_grad() = at::randn({E});
-    const double t0 = now_s();
-    at::Tensor gr = p.grad();
-    const bool finite = at::isfinite(gr).all().item<bool>();
-    const double norm = at::linalg_vector_norm(gr, 2).item<double>();
-    if (finite && norm > 0) gr.mul_(std::min(1.0, 1.0 / norm));
-    opt->step();
-    opt->zero_grad();
-    return now_s() - t0;
-  };
-  g.barrier()->wait();
-  once();
-  std::vector<double> t;
-  for (int r = 0; r < 7; ++r) t.push_back(once());
-  return across_ranks(g, {median(t) / static_cast<double>(E)}, /*min=*/false)[0];
+  per_tensor_s = across_ranks(g, per_tensor_s, /*min=*/false);
+  for (size_t i = 0; i < points.size(); ++i) points[i].seconds = per_tensor_s[i];
+  return points;
 }
 
 int64_t cores_available() {
@@ -308,19 +329,29 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
       log << buf << std::endl;
     }
   }
-  p.step_update_s_per_elem_adamw = step_update_rate(fp::OptimizerKind::kAdamW, world);
-  p.step_update_s_per_elem_sgd_momentum = step_update_rate(fp::OptimizerKind::kSgdMomentum, world);
-  p.step_update_s_per_elem_sgd = step_update_rate(fp::OptimizerKind::kSgd, world);
+  // Per element: the largest tensor's rate (beyond the caches), for sizes past the points.
+  p.step_update_points_adamw = step_update_points(fp::OptimizerKind::kAdamW, world);
+  p.step_update_points_sgd_momentum = step_update_points(fp::OptimizerKind::kSgdMomentum, world);
+  p.step_update_points_sgd = step_update_points(fp::OptimizerKind::kSgd, world);
+  const auto per_elem = [](const std::vector<fp::UpdatePoint>& v) {
+    return v.back().seconds / static_cast<double>(v.back().numel);
+  };
+  p.step_update_s_per_elem_adamw = per_elem(p.step_update_points_adamw);
+  p.step_update_s_per_elem_sgd_momentum = per_elem(p.step_update_points_sgd_momentum);
+  p.step_update_s_per_elem_sgd = per_elem(p.step_update_points_sgd);
   // A rank's communication thread hides its collectives only on a core of its own.
   const int64_t cores = cores_available();
   p.comm_overlaps_compute = p.ranks_per_node * (flags.threads + 1) <= cores;
   if (root) {
-    char buf[240];
+    char buf[320];
     std::snprintf(buf, sizeof(buf),
-                  "step update: adamw %.2f, sgd-momentum %.2f, sgd %.2f ns per element; communication %s compute "
+                  "step update: adamw %.2f, sgd-momentum %.2f, sgd %.2f ns per element (16M-element tensors; "
+                  "adamw %.1f ns at 256k); communication %s compute "
                   "(%lld ranks x (%d + 1) threads on %lld cores)",
                   p.step_update_s_per_elem_adamw * 1e9, p.step_update_s_per_elem_sgd_momentum * 1e9,
-                  p.step_update_s_per_elem_sgd * 1e9, p.comm_overlaps_compute ? "overlaps" : "shares the cores of",
+                  p.step_update_s_per_elem_sgd * 1e9,
+                  p.step_update_tensor_s(fp::OptimizerKind::kAdamW, int64_t{1} << 18) / (1 << 18) * 1e9,
+                  p.comm_overlaps_compute ? "overlaps" : "shares the cores of",
                   static_cast<long long>(p.ranks_per_node), flags.threads, static_cast<long long>(cores));
     log << buf << std::endl;
   }
@@ -333,8 +364,10 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
           "sequence length), weighted by FLOPs, slowest rank, " + std::to_string(flags.threads) +
           " intra-op thread(s) per rank, all ranks at once",
       model_source,
-      "step_update_s_per_elem: finite check, 2-norm, clip scale, the optimizer's step and zero_grad of one fp32 "
-          "parameter of 4M elements, median of 7, slowest rank, all ranks at once",
+      "step_update_points_numel_seconds: seconds per fp32 tensor of 1k to 16M elements (2^20 elements of "
+          "such tensors at a time) for the 2-norm, clip scale, the optimizer's step and zero_grad, "
+          "tensor by tensor, caches flushed before each run, median of 5, slowest rank, all ranks at once; "
+          "step_update_s_per_elem: the 16M-element tensor's seconds per element",
       "comm_overlaps_compute: ranks on this node x (intra-op threads + 1 communication thread) <= the cores "
           "this process may run on (" + std::to_string(cores) + ")",
       "memory_bytes: physical memory / ranks on this node"};

@@ -140,7 +140,7 @@ std::string format_plan(const fp::Plan& p) {
            seconds(s.time.step_s), num(s.time.tokens_per_s, "%.3g")});
   }
   os << "Traffic per step (calls, logical bytes as CommStats counts them; sent/rank: ring bytes each rank sends) and "
-        "estimated time (compute: forward + backward; update: finite check, grad norm, optimizer step, zeroing)\n"
+        "estimated time (compute: forward + backward; update: grad norm and clip, optimizer step, zeroing)\n"
      << t.str();
   if (!p.strategies.empty() && !p.strategies.front().peak.activations_known) {
     os << "(a parameter-count model: no activations; FLOPs 6 x params x tokens)\n";

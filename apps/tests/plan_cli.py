@@ -109,6 +109,18 @@ def calibrate(bin_path, tmp):
           f"a whole step is not much faster than its matmuls: {mf['fp32']:.3g} vs {prof['matmul_flops_per_s']['fp32']:.3g}")
     up = prof["step_update_s_per_elem"]
     check(all(up[k] > 0 for k in ("adamw", "sgd-momentum", "sgd")), f"measured step-update times: {up}")
+    pts = prof["step_update_points_numel_seconds"]
+    for k in ("adamw", "sgd-momentum", "sgd"):
+        sizes = [e for e, _ in pts[k]]
+        check(sizes == [1 << b for b in range(10, 25, 2)] and all(s > 0 for _, s in pts[k]),
+              f"{k}: seconds per tensor measured at 1k..16M elements: {pts[k]}")
+        # A larger tensor takes longer; the per-element rate above the points is the largest's.
+        check(pts[k][-1][1] > pts[k][0][1], f"{k}: a 16M-element tensor costs more than a 1k one: {pts[k]}")
+        check(abs(up[k] - pts[k][-1][1] / pts[k][-1][0]) <= 1e-12 * up[k] + 1e-18,
+              f"{k}: step_update_s_per_elem is the largest point's rate: {up[k]} vs {pts[k][-1]}")
+    st_one = json.loads(plan(bin_path, "--model", "nano", "--world-size", "1", "--profile", out, "--json",
+                             "--strategy", "no_shard").stdout)["strategies"][0]["time"]
+    check(st_one["update_s"] > 0, f"an update time from the calibrated points: {st_one}")
     check(prof["comm_overlaps_compute"] == (2 * 2 <= os.cpu_count()),
           f"2 ranks x (1 + 1) threads overlap only on >= 4 cores: {prof['comm_overlaps_compute']}")
     doc = json.loads(plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", out, "--json").stdout)

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -111,10 +112,34 @@ LinkProfile link_from(const json& j, const std::string& where) {
   return l;
 }
 
+const char* const kOptimizerKeys[] = {"adamw", "sgd-momentum", "sgd"};
+
+// step_update_points_numel_seconds.<key>: [[numel, seconds], ...], numel > 0 strictly ascending,
+// seconds >= 0.
+std::vector<UpdatePoint> update_points_from(const json& c, const char* key) {
+  const std::string where = std::string("step_update_points_numel_seconds.") + key;
+  const json& a = field<json>(c, key, "step_update_points_numel_seconds");
+  FSDP_CHECK(a.is_array(), ErrorKind::kCorruptData, kWhere, "profile: ", where, " must be an array of [numel, seconds]");
+  std::vector<UpdatePoint> out;
+  for (const json& pt : a) {
+    FSDP_CHECK(pt.is_array() && pt.size() == 2 && pt.at(0).is_number_integer() && pt.at(1).is_number(),
+               ErrorKind::kCorruptData, kWhere, "profile: ", where, ": every point is [numel, seconds], got ", pt.dump());
+    const UpdatePoint u{pt.at(0).get<int64_t>(), pt.at(1).get<double>()};
+    FSDP_CHECK(u.numel > 0 && u.seconds >= 0 && std::isfinite(u.seconds) &&
+                   (out.empty() || u.numel > out.back().numel),
+               ErrorKind::kCorruptData, kWhere, "profile: ", where,
+               ": numel must be > 0 and strictly ascending, seconds >= 0; got ", pt.dump());
+    out.push_back(u);
+  }
+  return out;
+}
+
 }  // namespace
 
 int64_t step_update_bytes_per_elem(OptimizerKind o) {
-  const int64_t grad_passes = 4 + 4 + 8 + 4;  // finite check, norm, clip (read + write), zero
+  // The norm reads the gradient, clipping reads and writes it; zero_grad sets it to none, and the
+  // gradients' finite check runs only after a non-finite norm.
+  const int64_t grad_passes = 4 + 8;
   if (o == OptimizerKind::kAdamW) return grad_passes + 28;
   if (o == OptimizerKind::kSgdMomentum) return grad_passes + 20;
   return grad_passes + 12;
@@ -124,6 +149,26 @@ double DeviceProfile::step_update_s_per_elem(OptimizerKind o) const {
   if (o == OptimizerKind::kAdamW) return step_update_s_per_elem_adamw;
   if (o == OptimizerKind::kSgdMomentum) return step_update_s_per_elem_sgd_momentum;
   return step_update_s_per_elem_sgd;
+}
+
+const std::vector<UpdatePoint>& DeviceProfile::step_update_points(OptimizerKind o) const {
+  if (o == OptimizerKind::kAdamW) return step_update_points_adamw;
+  if (o == OptimizerKind::kSgdMomentum) return step_update_points_sgd_momentum;
+  return step_update_points_sgd;
+}
+
+double DeviceProfile::step_update_tensor_s(OptimizerKind o, int64_t numel) const {
+  if (numel <= 0) return 0.0;
+  const std::vector<UpdatePoint>& pts = step_update_points(o);
+  if (pts.empty()) return static_cast<double>(numel) * step_update_s_per_elem(o);
+  if (numel <= pts.front().numel) return pts.front().seconds;
+  const UpdatePoint& last = pts.back();
+  if (numel >= last.numel) return last.seconds * static_cast<double>(numel) / static_cast<double>(last.numel);
+  size_t i = 1;
+  while (pts[i].numel < numel) ++i;
+  const UpdatePoint &a = pts[i - 1], &b = pts[i];
+  const double w = static_cast<double>(numel - a.numel) / static_cast<double>(b.numel - a.numel);
+  return a.seconds + w * (b.seconds - a.seconds);
 }
 
 double DeviceProfile::model_flops_per_s(Precision p) const {
@@ -174,6 +219,15 @@ std::string profile_to_json(const DeviceProfile& p) {
   j["step_update_s_per_elem"] = {{"adamw", p.step_update_s_per_elem_adamw},
                                  {"sgd-momentum", p.step_update_s_per_elem_sgd_momentum},
                                  {"sgd", p.step_update_s_per_elem_sgd}};
+  const std::vector<UpdatePoint>* curves[] = {&p.step_update_points_adamw, &p.step_update_points_sgd_momentum,
+                                              &p.step_update_points_sgd};
+  if (!curves[0]->empty() || !curves[1]->empty() || !curves[2]->empty()) {
+    for (int k = 0; k < 3; ++k) {
+      json pts = json::array();
+      for (const auto& pt : *curves[k]) pts.push_back({pt.numel, pt.seconds});
+      j["step_update_points_numel_seconds"][kOptimizerKeys[k]] = pts;
+    }
+  }
   j["comm_overlaps_compute"] = p.comm_overlaps_compute;
   const CollectiveLinks* links[] = {&p.all_gather, &p.reduce_scatter, &p.all_reduce};
   j["collectives"] = nullptr;  // a one-rank calibration: none measured
@@ -227,6 +281,12 @@ DeviceProfile profile_from_json(const std::string& text) {
   p.step_update_s_per_elem_adamw = non_negative(u, "adamw", "step_update_s_per_elem");
   p.step_update_s_per_elem_sgd_momentum = non_negative(u, "sgd-momentum", "step_update_s_per_elem");
   p.step_update_s_per_elem_sgd = non_negative(u, "sgd", "step_update_s_per_elem");
+  if (j.contains("step_update_points_numel_seconds")) {
+    const json& c = j.at("step_update_points_numel_seconds");
+    std::vector<UpdatePoint>* curves[] = {&p.step_update_points_adamw, &p.step_update_points_sgd_momentum,
+                                          &p.step_update_points_sgd};
+    for (int k = 0; k < 3; ++k) *curves[k] = update_points_from(c, kOptimizerKeys[k]);
+  }
   p.comm_overlaps_compute = field<bool>(j, "comm_overlaps_compute", "profile");
   const json& c = j.contains("collectives") ? j.at("collectives") : json::object();
   p.has_collectives = !c.is_null();

@@ -5,6 +5,7 @@
 #include "fsdp/common/check.h"
 #include "fsdp/planner/memory.h"
 #include "fsdp/planner/traffic.h"
+#include "fsdp/shard/layout.h"
 
 namespace fsdp::planner {
 namespace {
@@ -93,7 +94,7 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   const bool world_x = group_crosses_nodes(par, GroupKind::kWorld);
 
   std::vector<double> fwd(U), bwd(U), ag(U, 0.0), rs(U, 0.0), rep(U, 0.0);
-  double update_elems = 0.0;  // this rank's trainable elements the step update touches
+  double update_s = 0.0;  // the step update of this rank's trainable shards, tensor by tensor
   std::vector<std::vector<double>> buckets(U);
   std::vector<bool> has(U), trains(U);
   for (int64_t u = 0; u < U; ++u) {
@@ -103,7 +104,12 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     const UnitNumbers n = unit_numbers(model.units[u], G, 0);
     has[u] = n.numel > 0;
     trains[u] = n.trainable_numel > 0;
-    update_elems += static_cast<double>(n.real_trainable_numel);
+    for (const auto& p : model.units[u].params) {
+      if (p.trainable) {
+        update_s += profile.step_update_tensor_s(
+            setup.optimizer, fsdp::shard::ParamShardSpec::make(p.shape, G).real_numel(0));
+      }
+    }
     ag[u] = collective_time_s(profile, K::kAllGather, pb * n.gathered_numel, G, shard_x);
     rs[u] = collective_time_s(profile, K::kReduceScatter, rb * n.reduce_numel, G, shard_x);
     if (s == S::kHybridShard && G < N) {
@@ -184,7 +190,6 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   if (setup.nonfinite_check) t = world_q.issue(t, collective_time_s(profile, K::kAllReduce, 8 * N, N, world_x));
   if (setup.clip_grad_norm) t = world_q.issue(t, collective_time_s(profile, K::kAllReduce, 16, N, world_x));
   if (setup.loss_scaling) t = world_q.issue(t, collective_time_s(profile, K::kAllReduce, 8, N, world_x));
-  const double update_s = update_elems * profile.step_update_s_per_elem(setup.optimizer);
   t += update_s;
 
   StepTime r;

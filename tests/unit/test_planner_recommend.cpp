@@ -197,6 +197,53 @@ TEST(PlannerProfile, BuiltinsRoundTripThroughJson) {
   EXPECT_THROW(fp::load_profile("/nonexistent/profile.json"), fsdp::Error);
 }
 
+// A calibrated step update: seconds per tensor by its size (interpolated, the fixed cost below the
+// smallest point, the largest point's rate per element above it), through JSON, and bad points refused.
+TEST(PlannerProfile, StepUpdatePointsPerTensor) {
+  fp::DeviceProfile p = fp::builtin_profile("a100");
+  const auto A = fp::OptimizerKind::kAdamW;
+  EXPECT_DOUBLE_EQ(p.step_update_tensor_s(A, 1000), 1000 * p.step_update_s_per_elem_adamw);  // no points
+  p.step_update_points_adamw = {{1000, 1e-5}, {2000, 3e-5}, {4000, 5e-5}};
+  EXPECT_DOUBLE_EQ(p.step_update_tensor_s(A, 0), 0.0);
+  EXPECT_DOUBLE_EQ(p.step_update_tensor_s(A, 500), 1e-5);
+  EXPECT_DOUBLE_EQ(p.step_update_tensor_s(A, 1500), 2e-5);
+  EXPECT_DOUBLE_EQ(p.step_update_tensor_s(A, 2000), 3e-5);
+  EXPECT_DOUBLE_EQ(p.step_update_tensor_s(A, 3000), 4e-5);
+  EXPECT_DOUBLE_EQ(p.step_update_tensor_s(A, 8000), 1e-4);
+  EXPECT_DOUBLE_EQ(p.step_update_tensor_s(fp::OptimizerKind::kSgd, 1000), 1000 * p.step_update_s_per_elem_sgd);
+  const fp::DeviceProfile q = fp::profile_from_json(fp::profile_to_json(p));
+  ASSERT_EQ(q.step_update_points_adamw.size(), 3u);
+  EXPECT_EQ(q.step_update_points_adamw[2].numel, 4000);
+  EXPECT_DOUBLE_EQ(q.step_update_points_adamw[1].seconds, 3e-5);
+  EXPECT_TRUE(q.step_update_points_sgd.empty());
+  EXPECT_DOUBLE_EQ(q.step_update_tensor_s(A, 3000), 4e-5);
+  nlohmann::json j = nlohmann::json::parse(fp::profile_to_json(p));
+  for (const char* bad : {R"([[2000, 1e-5], [1000, 2e-5]])", R"([[0, 1e-5]])", R"([[1000, -1]])", R"([[1000]])"}) {
+    j["step_update_points_numel_seconds"]["adamw"] = nlohmann::json::parse(bad);
+    try {
+      fp::profile_from_json(j.dump());
+      ADD_FAILURE() << "step update points " << bad << " accepted";
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(e.kind(), fsdp::ErrorKind::kCorruptData);
+      EXPECT_NE(std::string(e.what()).find("step_update_points_numel_seconds.adamw"), std::string::npos) << e.what();
+    }
+  }
+  // The time model charges each trainable tensor of the rank's shard once: with one fixed cost per
+  // tensor, the update is that cost x the model's trainable tensors (every one has rows on rank 0).
+  p.step_update_points_adamw = {{1, 2e-4}, {int64_t{1} << 40, 2e-4}};
+  const fp::ModelSpec m = fp::gpt_model(fp::gpt_shape("micro", 8192));
+  int64_t tensors = 0;
+  for (const auto& u : m.units) {
+    for (const auto& prm : u.params) tensors += prm.trainable ? 1 : 0;
+  }
+  EXPECT_GT(tensors, 20);
+  fp::StepSetup st;
+  for (S s : {S::kNoShard, S::kZero1, S::kFullShard}) {
+    EXPECT_NEAR(fp::estimate_step_time(m, par(s, 8), st, p).update_s, 2e-4 * static_cast<double>(tensors), 1e-12)
+        << fsdp::to_string(s);
+  }
+}
+
 // A one-rank calibration measures no collective: its profile plans N = 1 and refuses more ranks.
 TEST(PlannerProfile, OneRankCalibrationPlansOneRankOnly) {
   fp::DeviceProfile p = fp::builtin_profile("a100");

@@ -39,6 +39,14 @@ struct CalibrationFit {
   std::vector<CalibrationPoint> points;
 };
 
+/// One point of the step-update calibration: the update of one fp32 tensor of `numel` elements
+/// (its gradient's norm and clip, the optimizer's step, zero_grad) took `seconds`
+/// (median, slowest rank).
+struct UpdatePoint {
+  int64_t numel = 0;
+  double seconds = 0.0;
+};
+
 /// A machine as the time model sees it, per rank.
 struct DeviceProfile {
   std::string name;         ///< "h100", "a100", or the calibrated machine's name
@@ -60,11 +68,18 @@ struct DeviceProfile {
   double model_flops_per_s_bf16 = 0.0;
   double model_flops_per_s_fp16 = 0.0;
   /// Seconds per trainable element of a rank's sharded state for the work between backward and
-  /// the next forward: the finite check of the gradients, the grad-norm, clipping, the optimizer's
-  /// update and zeroing the gradients (fp32 master state). Per optimizer kind (setup.h).
+  /// the next forward: the grad-norm, clipping, the optimizer's update and zeroing the gradients
+  /// (fp32 master state). Per optimizer kind (setup.h).
   double step_update_s_per_elem_adamw = 0.0;
   double step_update_s_per_elem_sgd_momentum = 0.0;
   double step_update_s_per_elem_sgd = 0.0;
+  /// Calibrated profiles: seconds of the step update of one tensor by its size, per optimizer kind
+  /// (numel ascending). The optimizer and the gradient passes run tensor by tensor, several
+  /// passes over each: a tensor that fits in the caches costs less per element than one that does
+  /// not, and every tensor costs a fixed overhead. Empty: numel x step_update_s_per_elem_*.
+  std::vector<UpdatePoint> step_update_points_adamw;
+  std::vector<UpdatePoint> step_update_points_sgd_momentum;
+  std::vector<UpdatePoint> step_update_points_sgd;
   /// Whether a collective runs beside compute without slowing it (GPUs: copy engines and NCCL's
   /// own SMs). False where communication needs the cores compute runs on (a calibrated CPU
   /// machine whose ranks, each with a communication thread, use every core): the time model then
@@ -85,6 +100,13 @@ struct DeviceProfile {
   double model_flops_per_s(Precision p) const;
   /// step_update_s_per_elem_* of an optimizer kind.
   double step_update_s_per_elem(OptimizerKind o) const;
+  /// step_update_points_* of an optimizer kind.
+  const std::vector<UpdatePoint>& step_update_points(OptimizerKind o) const;
+  /// Seconds of the step update of one trainable tensor of `numel` elements (this rank's shard of
+  /// one parameter). With points: linear in numel between the two points around it, the smallest
+  /// point's seconds below it (the fixed cost of a tensor), the largest point's seconds per
+  /// element above it; without: numel x step_update_s_per_elem(o). 0 for numel <= 0.
+  double step_update_tensor_s(OptimizerKind o, int64_t numel) const;
   /// The links of a collective kind (all-to-all and broadcast use all_reduce's). Throws
   /// fsdp::Error (kInvalidArgument) when the profile has no collective figures (has_collectives).
   const CollectiveLinks& links(fsdp::comm::CollectiveKind kind) const;
@@ -99,9 +121,10 @@ struct DeviceProfile {
 DeviceProfile builtin_profile(const std::string& name);
 std::vector<std::string> builtin_profile_names();
 
-/// Bytes of memory traffic per trainable fp32 element of the step update (the finite check and the
-/// grad-norm read the gradient, clipping reads and writes it, zeroing writes it: 20; AdamW reads
-/// param, grad, exp_avg, exp_avg_sq and writes three: 28; SGD with momentum 20; SGD 12).
+/// Bytes of memory traffic per trainable fp32 element of the step update (the grad-norm reads the
+/// gradient, clipping reads and writes it: 12; zero_grad sets it to none and the gradients' own
+/// finite check runs only after a non-finite norm: 0; AdamW reads param, grad, exp_avg,
+/// exp_avg_sq and writes three: 28; SGD with momentum 20; SGD 12).
 int64_t step_update_bytes_per_elem(OptimizerKind o);
 
 /// The JSON form (docs/planner.md, "Profile file"). Throws fsdp::Error (kCorruptData) for a

@@ -36,7 +36,7 @@ double collective_time_s(const DeviceProfile& profile, fsdp::comm::CollectiveKin
 struct StepTime {
   double flops = 0.0;           ///< per rank per step
   double compute_s = 0.0;       ///< flops / profile rate for the precision
-  double update_s = 0.0;        ///< the step update: trainable shard elements x step_update_s_per_elem
+  double update_s = 0.0;        ///< the step update: sum over this rank's trainable shards of step_update_tensor_s
   double comm_s = 0.0;          ///< sum of the modeled durations of every collective of the step
   double exposed_comm_s = 0.0;  ///< step_s - compute_s - update_s: communication compute did not hide
   double step_s = 0.0;
@@ -49,8 +49,8 @@ struct StepTime {
 /// stops after the bound); each reduce-scatter waited for when the next one is issued, hybrid's
 /// replica all-reduce after it on the compute thread; no_shard's buckets issued as each unit's
 /// backward ends and waited for at the end; the root's reduce-scatter at the end of backward; the
-/// finite-check and grad-norm all-reduces after backward, then the step update (the rank's
-/// trainable shard elements x the profile's step_update_s_per_elem). Where the profile's
+/// finite-check and grad-norm all-reduces after backward, then the step update (over the rank's
+/// trainable shards, one tensor per parameter, the profile's step_update_tensor_s). Where the profile's
 /// communication shares the compute cores (comm_overlaps_compute false) every collective also
 /// takes its time from the compute thread: nothing hides.
 /// Throws fsdp::Error (kInvalidArgument) for a bad parallelism or setup, or a profile with no rate.
