@@ -24,7 +24,7 @@ done
 
 configure() {  # DIR, extra cmake flags...
   local dir=$1; shift
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
     -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 "${LAUNCHER[@]}" \
     -DFSDP_BUILD_APPS=OFF -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" "$@" >/dev/null
 }
