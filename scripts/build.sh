@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
-JOBS=${FSDP_BUILD_JOBS:-$(nproc)}
+JOBS=${FSDP_BUILD_JOBS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}  # nproc obeys OMP_NUM_THREADS (test.sh sets 1)
 GENERATOR=()
 [ ! -f build/CMakeCache.txt ] && command -v ninja >/dev/null && GENERATOR=(-G Ninja)
 cmake -S . -B build "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=${FSDP_BUILD_TYPE:-Release} \

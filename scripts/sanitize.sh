@@ -15,7 +15,7 @@ ROOT=$PWD
 TIERS=("$@")
 [ ${#TIERS[@]} -eq 0 ] && TIERS=(asan tsan)
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
-JOBS=${FSDP_BUILD_JOBS:-$(nproc)}
+JOBS=${FSDP_BUILD_JOBS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}  # nproc obeys OMP_NUM_THREADS (test.sh sets 1)
 LAUNCHER=()
 command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 for tool in clang++-14 clang-14; do
