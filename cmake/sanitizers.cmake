@@ -26,7 +26,14 @@ if(FSDP_FUZZ)
 endif()
 
 if(_fsdp_san)
-  add_compile_options(${_fsdp_san} -fno-omit-frame-pointer -g)
+  # Reports need function names, files and lines (inlined frames included), not variables or
+  # types: line tables only (clang), a fraction of -g's compile and link time with libtorch.
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    set(_fsdp_debug -gline-tables-only)
+  else()
+    set(_fsdp_debug -g1)
+  endif()
+  add_compile_options(${_fsdp_san} -fno-omit-frame-pointer ${_fsdp_debug})
   add_link_options(${_fsdp_san})
 endif()
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sanitizer and fuzz tiers (docs/testing.md), called by scripts/test.sh; assumes scripts/setup.sh
-# has run (clang-14). Builds with clang at -O1 -g, only the targets each tier runs, and runs them
-# through ctest:
+# has run (clang-14). Builds with clang at -O1 -gline-tables-only (Ninja when installed), only the
+# targets each tier runs, and runs them through ctest:
 #   asan  build-asan/: ASan + UBSan (+ libFuzzer coverage): unit, dist, a 2-rank MPI smoke test,
 #         the three fuzz targets (FSDP_FUZZ_SECONDS each, default 15) after their regressions
 #   tsan  build-tsan/: ThreadSanitizer: the dist tier (communication threads, autograd hooks)
@@ -15,7 +15,7 @@ ROOT=$PWD
 TIERS=("$@")
 [ ${#TIERS[@]} -eq 0 ] && TIERS=(asan tsan)
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
-JOBS=${FSDP_BUILD_JOBS:-$(nproc)}
+JOBS=${FSDP_BUILD_JOBS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}  # nproc obeys OMP_NUM_THREADS (test.sh sets 1)
 LAUNCHER=()
 command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 for tool in clang++-14 clang-14; do
@@ -24,7 +24,9 @@ done
 
 configure() {  # DIR, extra cmake flags...
   local dir=$1; shift
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+  local generator=()
+  [ ! -f "$dir/CMakeCache.txt" ] && command -v ninja >/dev/null && generator=(-G Ninja)
+  cmake -S . -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
     -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 "${LAUNCHER[@]}" \
     -DFSDP_BUILD_APPS=OFF -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" "$@" >/dev/null
 }

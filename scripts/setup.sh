@@ -6,7 +6,8 @@ APT_PACKAGES=(build-essential cmake git pkg-config python3 python3-pip
   libopenmpi-dev openmpi-bin libgtest-dev libbenchmark-dev
   libsentencepiece-dev sentencepiece libcli11-dev nlohmann-json3-dev libtomlplusplus-dev
   bible-kjv-text bible-kjv r-cran-janeaustenr r-base-core
-  clang-14 libclang-rt-14-dev llvm-14)  # clang: the sanitizer and fuzz builds (scripts/sanitize.sh)
+  clang-14 libclang-rt-14-dev llvm-14  # clang: the sanitizer and fuzz builds (scripts/sanitize.sh)
+  ninja-build)  # the builds' generator (scripts/build.sh, scripts/sanitize.sh): no idle core between targets
 TORCH_VERSION=${FSDP_TORCH_VERSION:-2.13.0}
 
 missing=()

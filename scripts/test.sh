@@ -1,21 +1,33 @@
 #!/usr/bin/env bash
 # Sets up (installs what is missing), builds, and runs the whole test suite through ctest:
-# tiers unit, dist (threaded in-process ranks), mpi (mpirun -n 1..4), and the app tests. With
-# FSDP_TEST_SANITIZERS=1 also the sanitizer and fuzz tiers (scripts/sanitize.sh: ASan + UBSan, TSan,
-# libFuzzer; docs/testing.md): their three extra builds take ~10 minutes on 2 cores, which would
-# put the default run past its 20-minute budget.
+# tiers unit, dist (threaded in-process ranks), mpi (mpirun -n 1..4), and the app tests; then
+# the sanitizer and fuzz tiers (scripts/sanitize.sh: ASan + UBSan on unit, dist, a 2-rank MPI
+# smoke test and the libFuzzer targets; TSan on dist; docs/testing.md). FSDP_TEST_SANITIZERS=0
+# skips the sanitizer tiers. Each phase prints its wall time ("[test] ... s").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+t0=$(date +%s)
+phase() {  # NAME: prints the time since the previous phase
+  local now; now=$(date +%s)
+  echo "[test] $1: $((now - t_prev)) s (total $((now - t0)) s, load $(cut -d' ' -f1-3 /proc/loadavg))"
+  t_prev=$now
+}
+t_prev=$t0
 bash scripts/setup.sh
+phase "setup"
 bash scripts/build.sh
+phase "build (Release)"
 # The app tests train on the default corpus and tokenizer (idempotent; about a minute the first time).
 bash scripts/prepare_data.sh ./data
+phase "data"
 # One rank per process, one intra-op thread per rank: the tests oversubscribe 2 cores with 4 ranks.
 export OMP_NUM_THREADS=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 (cd build && ctest --output-on-failure --timeout 900 "$@")
-if [ "${FSDP_TEST_SANITIZERS:-0}" = 1 ]; then
+phase "ctest (Release)"
+if [ "${FSDP_TEST_SANITIZERS:-1}" != 0 ]; then
   bash scripts/sanitize.sh
+  phase "sanitizer tiers"
 else
-  echo "[test] sanitizer and fuzz tiers not run (FSDP_TEST_SANITIZERS=1 scripts/test.sh runs them)"
+  echo "[test] sanitizer and fuzz tiers skipped (FSDP_TEST_SANITIZERS=0)"
 fi

@@ -10,7 +10,7 @@ set_tests_properties(dist PROPERTIES TIMEOUT 600)
 if(FSDP_SANITIZE STREQUAL "address")
   add_executable(fsdp_mpi_smoke mpi/mpi_main.cpp mpi/test_collectives_mpi.cpp mpi/test_checkpoint.cpp)
   target_link_libraries(fsdp_mpi_smoke PRIVATE fsdp_test_common)
-  target_precompile_headers(fsdp_mpi_smoke REUSE_FROM fsdp_test_common)
+  target_precompile_headers(fsdp_mpi_smoke REUSE_FROM fsdp)
   # Open MPI's components are built without frame pointers and dlclose()d at MPI_Finalize: only
   # the slow unwinder gives their leaked allocations stacks that reach the libraries that
   # tests/sanitizers/lsan.supp names (the fast one stops after one frame, <unknown module>).

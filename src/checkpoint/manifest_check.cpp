@@ -34,13 +34,13 @@ namespace {
 constexpr int kMaxWorldSize = 1 << 20;
 constexpr int64_t kMaxStep = int64_t(1) << 53;  // beyond any real run; exact in a double
 
-const ErrorContext kNoContext{};
+const ErrorContext kNoCheckContext{};
 
 // Throws kCorruptData "manifest '<path>' is invalid: <what>" unless ok.
 template <typename... Args>
 void require(bool ok, const std::string& path, const Args&... what) {
   if (!ok) {
-    throw Error(ErrorKind::kCorruptData, kNoContext,
+    throw Error(ErrorKind::kCorruptData, kNoCheckContext,
                 str_cat("manifest '", path, "' is invalid: ", what...));
   }
 }
@@ -52,7 +52,7 @@ bool starts_with(const std::string& s, const std::string& prefix) {
 // dtype name -> bytes per element (throws kCorruptData for an unknown name).
 int64_t element_bytes(const std::string& dtype, const std::string& path, const std::string& tn) {
   try {
-    return static_cast<int64_t>(c10::elementSize(dtype_from(dtype, kNoContext)));
+    return static_cast<int64_t>(c10::elementSize(dtype_from(dtype, kNoCheckContext)));
   } catch (const Error&) {
     require(false, path, "tensor '", tn, "' has unknown dtype '", dtype, "'");
   }

@@ -10,11 +10,11 @@ namespace fsdp::planner {
 namespace {
 
 using S = fsdp::ShardingStrategy;
-const ErrorContext kWhere{-1, "", "planner memory"};
+const ErrorContext kMemoryWhere{-1, "", "planner memory"};
 
 void check_rank(const Parallelism& par, int64_t rank) {
   par.validate();
-  FSDP_CHECK(rank >= 0 && rank < par.world_size, ErrorKind::kInvalidArgument, kWhere,
+  FSDP_CHECK(rank >= 0 && rank < par.world_size, ErrorKind::kInvalidArgument, kMemoryWhere,
              expected_actual("rank", str_cat("in [0, ", par.world_size, ")"), rank));
 }
 
@@ -45,7 +45,7 @@ class Moments {
 
 UnitNumbers unit_numbers(const UnitSpec& unit, int64_t shard_group_size, int64_t shard_rank) {
   FSDP_CHECK(shard_group_size >= 1 && shard_rank >= 0 && shard_rank < shard_group_size,
-             ErrorKind::kInvalidArgument, kWhere, "shard group size ", shard_group_size, ", shard rank ",
+             ErrorKind::kInvalidArgument, kMemoryWhere, "shard group size ", shard_group_size, ", shard rank ",
              shard_rank);
   UnitNumbers n;
   for (const auto& p : unit.params) {
@@ -110,7 +110,7 @@ double closed_form_model_state_bytes(const Parallelism& par, double P, const Ste
 }
 
 std::vector<int64_t> ddp_bucket_numels(const UnitSpec& unit, int64_t cap_bytes, int64_t reduce_bytes) {
-  FSDP_CHECK(cap_bytes >= 1 && reduce_bytes >= 1, ErrorKind::kInvalidArgument, kWhere,
+  FSDP_CHECK(cap_bytes >= 1 && reduce_bytes >= 1, ErrorKind::kInvalidArgument, kMemoryWhere,
              "bucket cap ", cap_bytes, " and reduce bytes ", reduce_bytes, " must be >= 1");
   const int64_t cap = cap_bytes / reduce_bytes;
   std::vector<int64_t> buckets;

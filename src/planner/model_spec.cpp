@@ -5,7 +5,7 @@
 namespace fsdp::planner {
 namespace {
 
-const ErrorContext kWhere{-1, "", "planner model spec"};
+const ErrorContext kSpecWhere{-1, "", "planner model spec"};
 
 std::string join(const std::vector<std::string>& names) {
   std::string s;
@@ -73,7 +73,7 @@ GptShape gpt_shape(const std::string& preset, int64_t vocab_size) {
   else if (preset == "gpt2-large") set(36, 20, 1280, 1024);
   else if (preset == "gpt2-xl") set(48, 25, 1600, 1024);
   else {
-    throw Error(ErrorKind::kInvalidArgument, kWhere,
+    throw Error(ErrorKind::kInvalidArgument, kSpecWhere,
                 str_cat("unknown GPT preset '", preset, "' (known: ", join(gpt_preset_names()), ")"));
   }
   return g;
@@ -81,13 +81,13 @@ GptShape gpt_shape(const std::string& preset, int64_t vocab_size) {
 
 ModelSpec gpt_model(const GptShape& s, const std::string& name) {
   FSDP_CHECK(s.vocab_size > 0 && s.n_layer > 0 && s.n_head > 0 && s.n_embd > 0 && s.block_size > 0,
-             ErrorKind::kInvalidArgument, kWhere, "GPT shape: all sizes must be positive (vocab ",
+             ErrorKind::kInvalidArgument, kSpecWhere, "GPT shape: all sizes must be positive (vocab ",
              s.vocab_size, ", layers ", s.n_layer, ", heads ", s.n_head, ", width ", s.n_embd,
              ", context ", s.block_size, ")");
-  FSDP_CHECK(s.n_embd % s.n_head == 0, ErrorKind::kInvalidArgument, kWhere, "GPT shape: n_embd ",
+  FSDP_CHECK(s.n_embd % s.n_head == 0, ErrorKind::kInvalidArgument, kSpecWhere, "GPT shape: n_embd ",
              s.n_embd, " is not divisible by n_head ", s.n_head);
   FSDP_CHECK(s.attention == "auto" || s.attention == "flash" || s.attention == "math",
-             ErrorKind::kInvalidArgument, kWhere,
+             ErrorKind::kInvalidArgument, kSpecWhere,
              expected_actual("GPT attention kernel", "auto, flash or math", s.attention));
   const int64_t C = s.n_embd;
   ModelSpec m;
@@ -137,7 +137,7 @@ LlamaShape llama_shape(const std::string& preset) {
   else if (preset == "llama2-13b") set(5120, 40, 40, 40, 13824);
   else if (preset == "llama2-70b") set(8192, 80, 64, 8, 28672);
   else {
-    throw Error(ErrorKind::kInvalidArgument, kWhere,
+    throw Error(ErrorKind::kInvalidArgument, kSpecWhere,
                 str_cat("unknown Llama-2 preset '", preset, "' (known: ", join(llama_preset_names()), ")"));
   }
   return l;
@@ -146,10 +146,10 @@ LlamaShape llama_shape(const std::string& preset) {
 ModelSpec llama_model(const LlamaShape& s, const std::string& name) {
   FSDP_CHECK(s.vocab_size > 0 && s.n_layer > 0 && s.n_head > 0 && s.n_kv_head > 0 && s.n_embd > 0 &&
                  s.ffn_hidden > 0 && s.context > 0,
-             ErrorKind::kInvalidArgument, kWhere, "Llama shape: all sizes must be positive");
-  FSDP_CHECK(s.n_embd % s.n_head == 0, ErrorKind::kInvalidArgument, kWhere, "Llama shape: n_embd ",
+             ErrorKind::kInvalidArgument, kSpecWhere, "Llama shape: all sizes must be positive");
+  FSDP_CHECK(s.n_embd % s.n_head == 0, ErrorKind::kInvalidArgument, kSpecWhere, "Llama shape: n_embd ",
              s.n_embd, " is not divisible by n_head ", s.n_head);
-  FSDP_CHECK(s.n_head % s.n_kv_head == 0, ErrorKind::kInvalidArgument, kWhere, "Llama shape: n_head ",
+  FSDP_CHECK(s.n_head % s.n_kv_head == 0, ErrorKind::kInvalidArgument, kSpecWhere, "Llama shape: n_head ",
              s.n_head, " is not divisible by n_kv_head ", s.n_kv_head);
   const int64_t C = s.n_embd, I = s.ffn_hidden, Ckv = s.n_kv_head * (C / s.n_head);
   ModelSpec m;
@@ -180,7 +180,7 @@ ModelSpec llama_model(const LlamaShape& s, const std::string& name) {
 }
 
 ModelSpec params_only_model(int64_t num_params, int64_t num_units, const std::string& name) {
-  FSDP_CHECK(num_params >= 1 && num_units >= 1, ErrorKind::kInvalidArgument, kWhere,
+  FSDP_CHECK(num_params >= 1 && num_units >= 1, ErrorKind::kInvalidArgument, kSpecWhere,
              "a parameter-count model needs >= 1 parameter and >= 1 unit, got ", num_params, " and ",
              num_units);
   ModelSpec m;

@@ -11,7 +11,7 @@ namespace fsdp::planner {
 namespace {
 
 using S = fsdp::ShardingStrategy;
-const ErrorContext kWhere{-1, "", "planner"};
+const ErrorContext kPlanWhere{-1, "", "planner"};
 constexpr int64_t kMaxWorldSize = 65536;  // the search for a world size at which full_shard fits
 
 Parallelism make_par(const PlanInputs& in, S s, int64_t world, int64_t rpn, int64_t hybrid) {
@@ -217,11 +217,11 @@ StrategyPlan plan_strategy(const PlanInputs& in, const Parallelism& par, int64_t
 }
 
 Plan make_plan(const PlanInputs& in) {
-  FSDP_CHECK(in.world_size >= 1, ErrorKind::kInvalidArgument, kWhere,
+  FSDP_CHECK(in.world_size >= 1, ErrorKind::kInvalidArgument, kPlanWhere,
              expected_actual("world size", ">= 1", in.world_size));
-  FSDP_CHECK(in.headroom >= 0.0 && in.headroom < 1.0, ErrorKind::kInvalidArgument, kWhere,
+  FSDP_CHECK(in.headroom >= 0.0 && in.headroom < 1.0, ErrorKind::kInvalidArgument, kPlanWhere,
              expected_actual("headroom", "in [0, 1)", in.headroom));
-  FSDP_CHECK(in.rank >= 0 && in.rank < in.world_size, ErrorKind::kInvalidArgument, kWhere,
+  FSDP_CHECK(in.rank >= 0 && in.rank < in.world_size, ErrorKind::kInvalidArgument, kPlanWhere,
              expected_actual("rank", str_cat("in [0, ", in.world_size, ")"), in.rank));
   in.step.validate();
   Plan plan;
@@ -230,7 +230,7 @@ Plan make_plan(const PlanInputs& in) {
   const int64_t rpn = std::max<int64_t>(1, in.ranks_per_node > 0 ? in.ranks_per_node : in.profile.ranks_per_node);
   plan.ranks_per_node = rpn;
   plan.memory_per_rank_bytes = in.memory_per_rank_bytes > 0 ? in.memory_per_rank_bytes : in.profile.memory_bytes;
-  FSDP_CHECK(plan.memory_per_rank_bytes > 0, ErrorKind::kInvalidArgument, kWhere,
+  FSDP_CHECK(plan.memory_per_rank_bytes > 0, ErrorKind::kInvalidArgument, kPlanWhere,
              "no memory per rank: the profile has none and none was given");
   plan.usable_bytes = static_cast<int64_t>(std::floor(static_cast<double>(plan.memory_per_rank_bytes) * (1.0 - in.headroom)));
   plan.engine_split = engine_bytes_per_param(in.step.precision, in.step.optimizer);
@@ -259,7 +259,7 @@ int64_t parse_bytes(const std::string& text) {
   try {
     v = std::stod(text, &i);
   } catch (const std::exception&) {
-    throw Error(ErrorKind::kInvalidArgument, kWhere, expected_actual("a byte count like 80GB, 80GiB or 512MiB", "", "'" + text + "'"));
+    throw Error(ErrorKind::kInvalidArgument, kPlanWhere, expected_actual("a byte count like 80GB, 80GiB or 512MiB", "", "'" + text + "'"));
   }
   std::string unit = text.substr(i);
   unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char c) { return std::isspace(c); }), unit.end());
@@ -275,7 +275,7 @@ int64_t parse_bytes(const std::string& text) {
   else if (u == "mib") mult = 1024.0 * 1024;
   else if (u == "gib") mult = 1024.0 * 1024 * 1024;
   else if (u == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
-  FSDP_CHECK(mult > 0.0 && v >= 0.0 && std::isfinite(v), ErrorKind::kInvalidArgument, kWhere,
+  FSDP_CHECK(mult > 0.0 && v >= 0.0 && std::isfinite(v), ErrorKind::kInvalidArgument, kPlanWhere,
              expected_actual("a byte count like 80GB, 80GiB or 512MiB", "", "'" + text + "'"));
   return static_cast<int64_t>(std::llround(v * mult));
 }

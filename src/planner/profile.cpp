@@ -14,7 +14,7 @@ namespace {
 
 using json = nlohmann::json;
 using K = fsdp::comm::CollectiveKind;
-const ErrorContext kWhere{-1, "", "planner profile"};
+const ErrorContext kProfileWhere{-1, "", "planner profile"};
 
 // [Note: built-in profiles] Figures from the vendors' datasheets, per GPU. NVLink's "900GB/s" and
 // "600GB/s" are bidirectional totals: a ring sends and receives at once, so a rank's bandwidth is
@@ -88,18 +88,18 @@ json link_json(const LinkProfile& l) {
 
 template <typename T>
 T field(const json& j, const char* key, const std::string& where) {
-  FSDP_CHECK(j.is_object() && j.contains(key), ErrorKind::kCorruptData, kWhere, "profile: ", where,
+  FSDP_CHECK(j.is_object() && j.contains(key), ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
              " has no field '", key, "'");
   try {
     return j.at(key).get<T>();
   } catch (const json::exception& e) {
-    throw Error(ErrorKind::kCorruptData, kWhere, str_cat("profile: ", where, ".", key, ": ", e.what()));
+    throw Error(ErrorKind::kCorruptData, kProfileWhere, str_cat("profile: ", where, ".", key, ": ", e.what()));
   }
 }
 
 double non_negative(const json& j, const char* key, const std::string& where) {
   const double v = field<double>(j, key, where);
-  FSDP_CHECK(v >= 0.0, ErrorKind::kCorruptData, kWhere, "profile: ", where, ".", key, " must be >= 0, got ", v);
+  FSDP_CHECK(v >= 0.0, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where, ".", key, " must be >= 0, got ", v);
   return v;
 }
 
@@ -107,7 +107,7 @@ LinkProfile link_from(const json& j, const std::string& where) {
   LinkProfile l;
   l.alpha_s = non_negative(j, "alpha_s", where);
   l.bandwidth_bytes_per_s = non_negative(j, "bandwidth_bytes_per_s", where);
-  FSDP_CHECK(l.bandwidth_bytes_per_s > 0.0, ErrorKind::kCorruptData, kWhere, "profile: ", where,
+  FSDP_CHECK(l.bandwidth_bytes_per_s > 0.0, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
              ".bandwidth_bytes_per_s must be > 0");
   return l;
 }
@@ -197,7 +197,7 @@ const CollectiveLinks& DeviceProfile::links(K kind) const {
 std::vector<std::string> builtin_profile_names() { return {"a100", "h100"}; }
 
 DeviceProfile builtin_profile(const std::string& name) {
-  FSDP_CHECK(name == "a100" || name == "h100", ErrorKind::kInvalidArgument, kWhere,
+  FSDP_CHECK(name == "a100" || name == "h100", ErrorKind::kInvalidArgument, kProfileWhere,
              expected_actual("built-in profile", "a100 or h100", "'" + name + "'"));
   return dgx(name);
 }
@@ -253,7 +253,7 @@ DeviceProfile profile_from_json(const std::string& text) {
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    throw Error(ErrorKind::kCorruptData, kWhere, str_cat("profile: not JSON: ", e.what()));
+    throw Error(ErrorKind::kCorruptData, kProfileWhere, str_cat("profile: not JSON: ", e.what()));
   }
   DeviceProfile p;
   p.name = field<std::string>(j, "name", "profile");
@@ -261,15 +261,15 @@ DeviceProfile profile_from_json(const std::string& text) {
   if (j.contains("sources")) p.sources = field<std::vector<std::string>>(j, "sources", "profile");
   p.memory_bytes = static_cast<int64_t>(non_negative(j, "memory_bytes", "profile"));
   p.ranks_per_node = field<int64_t>(j, "ranks_per_node", "profile");
-  FSDP_CHECK(p.ranks_per_node >= 1, ErrorKind::kCorruptData, kWhere, "profile: ranks_per_node must be >= 1");
+  FSDP_CHECK(p.ranks_per_node >= 1, ErrorKind::kCorruptData, kProfileWhere, "profile: ranks_per_node must be >= 1");
   const json& f = j.contains("matmul_flops_per_s") ? j.at("matmul_flops_per_s") : json();
   p.matmul_flops_per_s_fp32 = non_negative(f, "fp32", "matmul_flops_per_s");
   p.matmul_flops_per_s_bf16 = non_negative(f, "bf16", "matmul_flops_per_s");
   p.matmul_flops_per_s_fp16 = f.contains("fp16") ? non_negative(f, "fp16", "matmul_flops_per_s") : 0.0;
-  FSDP_CHECK(p.matmul_flops_per_s_fp32 > 0 && p.matmul_flops_per_s_bf16 > 0, ErrorKind::kCorruptData, kWhere,
+  FSDP_CHECK(p.matmul_flops_per_s_fp32 > 0 && p.matmul_flops_per_s_bf16 > 0, ErrorKind::kCorruptData, kProfileWhere,
              "profile: matmul_flops_per_s.fp32 and .bf16 must be > 0");
   p.compute_efficiency = j.contains("compute_efficiency") ? non_negative(j, "compute_efficiency", "profile") : 1.0;
-  FSDP_CHECK(p.compute_efficiency > 0 && p.compute_efficiency <= 1.0, ErrorKind::kCorruptData, kWhere,
+  FSDP_CHECK(p.compute_efficiency > 0 && p.compute_efficiency <= 1.0, ErrorKind::kCorruptData, kProfileWhere,
              "profile: compute_efficiency must be in (0, 1], got ", p.compute_efficiency);
   if (j.contains("model_flops_per_s")) {
     const json& mf = j.at("model_flops_per_s");
@@ -322,7 +322,7 @@ DeviceProfile load_profile(const std::string& name_or_path) {
   const auto names = builtin_profile_names();
   if (std::find(names.begin(), names.end(), name_or_path) != names.end()) return builtin_profile(name_or_path);
   std::ifstream in(name_or_path);
-  FSDP_CHECK(in.good(), ErrorKind::kIo, kWhere, "cannot read profile '", name_or_path,
+  FSDP_CHECK(in.good(), ErrorKind::kIo, kProfileWhere, "cannot read profile '", name_or_path,
              "' (neither a file nor a built-in profile: a100, h100)");
   std::stringstream ss;
   ss << in.rdbuf();
@@ -334,7 +334,7 @@ DeviceProfile load_profile(const std::string& name_or_path) {
 }
 
 CalibrationFit fit_alpha_beta(const std::vector<CalibrationPoint>& points) {
-  FSDP_CHECK(points.size() >= 2, ErrorKind::kInvalidArgument, kWhere,
+  FSDP_CHECK(points.size() >= 2, ErrorKind::kInvalidArgument, kProfileWhere,
              expected_actual("calibration points", ">= 2", points.size()));
   double sx = 0, sy = 0, sxx = 0, sxy = 0;
   const double n = static_cast<double>(points.size());
@@ -354,7 +354,7 @@ CalibrationFit fit_alpha_beta(const std::vector<CalibrationPoint>& points) {
 }
 
 LinkProfile link_from_fit(K kind, const CalibrationFit& fit, int64_t n) {
-  FSDP_CHECK(n >= 2, ErrorKind::kInvalidArgument, kWhere, expected_actual("calibration world size", ">= 2", n));
+  FSDP_CHECK(n >= 2, ErrorKind::kInvalidArgument, kProfileWhere, expected_actual("calibration world size", ">= 2", n));
   const double steps = static_cast<double>(kind == K::kAllReduce ? 2 * (n - 1) : n - 1);
   const double share = steps / static_cast<double>(n);  // wire bytes per logical byte
   LinkProfile l;

@@ -4,7 +4,7 @@
 
 namespace fsdp::planner {
 namespace {
-const ErrorContext kWhere{-1, "", "planner"};
+const ErrorContext kSetupWhere{-1, "", "planner"};
 }  // namespace
 
 std::string to_string(Precision p) {
@@ -20,7 +20,7 @@ Precision parse_precision(const std::string& name) {
   if (name == "fp32") return Precision::kFp32;
   if (name == "bf16") return Precision::kBf16;
   if (name == "fp16") return Precision::kFp16;
-  throw Error(ErrorKind::kInvalidArgument, kWhere, expected_actual("mixed precision", "fp32, bf16 or fp16", name));
+  throw Error(ErrorKind::kInvalidArgument, kSetupWhere, expected_actual("mixed precision", "fp32, bf16 or fp16", name));
 }
 
 int64_t param_bytes_per_elem(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
@@ -39,7 +39,7 @@ OptimizerKind parse_optimizer(const std::string& name) {
   if (name == "adamw" || name == "adam") return OptimizerKind::kAdamW;
   if (name == "sgd-momentum") return OptimizerKind::kSgdMomentum;
   if (name == "sgd") return OptimizerKind::kSgd;
-  throw Error(ErrorKind::kInvalidArgument, kWhere,
+  throw Error(ErrorKind::kInvalidArgument, kSetupWhere,
               expected_actual("optimizer", "adamw, adam, sgd-momentum or sgd", name));
 }
 
@@ -64,16 +64,16 @@ int64_t Parallelism::shard_group_size() const {
 int64_t Parallelism::num_replicas() const { return world_size / shard_group_size(); }
 
 void Parallelism::validate() const {
-  FSDP_CHECK(world_size >= 1, ErrorKind::kInvalidArgument, kWhere, expected_actual("world size", ">= 1", world_size));
-  FSDP_CHECK(ranks_per_node >= 0, ErrorKind::kInvalidArgument, kWhere,
+  FSDP_CHECK(world_size >= 1, ErrorKind::kInvalidArgument, kSetupWhere, expected_actual("world size", ">= 1", world_size));
+  FSDP_CHECK(ranks_per_node >= 0, ErrorKind::kInvalidArgument, kSetupWhere,
              expected_actual("ranks per node", ">= 0", ranks_per_node));
   const bool hybrid = strategy == fsdp::ShardingStrategy::kHybridShard;
-  FSDP_CHECK(hybrid || hybrid_shard_group_size == 0, ErrorKind::kInvalidArgument, kWhere,
+  FSDP_CHECK(hybrid || hybrid_shard_group_size == 0, ErrorKind::kInvalidArgument, kSetupWhere,
              "hybrid_shard_group_size ", hybrid_shard_group_size, " applies to hybrid_shard only, not to ",
              fsdp::to_string(strategy));
   FSDP_CHECK(hybrid_shard_group_size >= 0 &&
                  (hybrid_shard_group_size == 0 || world_size % hybrid_shard_group_size == 0),
-             ErrorKind::kInvalidArgument, kWhere, "hybrid_shard_group_size ", hybrid_shard_group_size,
+             ErrorKind::kInvalidArgument, kSetupWhere, "hybrid_shard_group_size ", hybrid_shard_group_size,
              " must divide the world size ", world_size, " (or be 0 for the whole group)");
 }
 
@@ -85,7 +85,7 @@ std::string Parallelism::label() const {
 void StepSetup::validate() const {
   FSDP_CHECK(micro_batch_size >= 1 && seq_len >= 1 && accumulation_steps >= 1 && max_unsharded_units >= 1 &&
                  bucket_cap_bytes >= 1,
-             ErrorKind::kInvalidArgument, kWhere,
+             ErrorKind::kInvalidArgument, kSetupWhere,
              "micro-batch size, sequence length, accumulation steps, max_unsharded_units and the bucket "
              "cap must be >= 1, got ",
              micro_batch_size, ", ", seq_len, ", ", accumulation_steps, ", ", max_unsharded_units, ", ",

@@ -12,7 +12,7 @@ namespace {
 
 using S = fsdp::ShardingStrategy;
 using K = fsdp::comm::CollectiveKind;
-const ErrorContext kWhere{-1, "", "planner time model"};
+const ErrorContext kTimeModelWhere{-1, "", "planner time model"};
 
 // One process group's communication thread: ops run one after another in issue order. Where
 // communication shares the compute cores (DeviceProfile::comm_overlaps_compute false), an op also
@@ -80,7 +80,7 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   par.validate();
   setup.validate();
   const double rate = profile.flops_per_s(setup.precision);
-  FSDP_CHECK(rate > 0, ErrorKind::kInvalidArgument, kWhere, "profile '", profile.name, "' has no matmul rate for ",
+  FSDP_CHECK(rate > 0, ErrorKind::kInvalidArgument, kTimeModelWhere, "profile '", profile.name, "' has no matmul rate for ",
              to_string(setup.precision));
   const S s = par.strategy;
   const int64_t U = static_cast<int64_t>(model.units.size());

@@ -29,7 +29,7 @@ struct UnitHolderImpl : torch::nn::Module {
   explicit UnitHolderImpl(std::shared_ptr<FSDPUnit> u) : torch::nn::Module("FSDPState"), unit(std::move(u)) {}
   std::shared_ptr<FSDPUnit> unit;
 };
-constexpr const char* kStateChildName = "_fsdp_state";
+using detail::kStateChildName;
 
 Registry& registry() {
   static Registry r;

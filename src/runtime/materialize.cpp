@@ -14,7 +14,7 @@
 namespace fsdp {
 namespace {
 
-constexpr const char* kStateChildName = "_fsdp_state";  // the unit holder (fully_shard.cpp)
+using detail::kStateChildName;  // the unit holder (fully_shard.cpp)
 
 // Pre-order over the tree (Module::named_modules' order) without the FSDP state holders.
 void visit_preorder(torch::nn::Module& m, const std::string& name,
