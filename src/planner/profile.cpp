@@ -119,15 +119,15 @@ const char* const kOptimizerKeys[] = {"adamw", "sgd-momentum", "sgd"};
 std::vector<UpdatePoint> update_points_from(const json& c, const char* key) {
   const std::string where = std::string("step_update_points_numel_seconds.") + key;
   const json& a = field<json>(c, key, "step_update_points_numel_seconds");
-  FSDP_CHECK(a.is_array(), ErrorKind::kCorruptData, kWhere, "profile: ", where, " must be an array of [numel, seconds]");
+  FSDP_CHECK(a.is_array(), ErrorKind::kCorruptData, kProfileWhere, "profile: ", where, " must be an array of [numel, seconds]");
   std::vector<UpdatePoint> out;
   for (const json& pt : a) {
     FSDP_CHECK(pt.is_array() && pt.size() == 2 && pt.at(0).is_number_integer() && pt.at(1).is_number(),
-               ErrorKind::kCorruptData, kWhere, "profile: ", where, ": every point is [numel, seconds], got ", pt.dump());
+               ErrorKind::kCorruptData, kProfileWhere, "profile: ", where, ": every point is [numel, seconds], got ", pt.dump());
     const UpdatePoint u{pt.at(0).get<int64_t>(), pt.at(1).get<double>()};
     FSDP_CHECK(u.numel > 0 && u.seconds >= 0 && std::isfinite(u.seconds) &&
                    (out.empty() || u.numel > out.back().numel),
-               ErrorKind::kCorruptData, kWhere, "profile: ", where,
+               ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
                ": numel must be > 0 and strictly ascending, seconds >= 0; got ", pt.dump());
     out.push_back(u);
   }
@@ -186,7 +186,7 @@ double DeviceProfile::flops_per_s(Precision p) const {
 }
 
 const CollectiveLinks& DeviceProfile::links(K kind) const {
-  FSDP_CHECK(has_collectives, ErrorKind::kInvalidArgument, kWhere, "profile '", name,
+  FSDP_CHECK(has_collectives, ErrorKind::kInvalidArgument, kProfileWhere, "profile '", name,
              "' was calibrated on one rank and has no collective figures: it plans N = 1 only (calibrate under "
              "mpirun -n N, N >= 2, to plan more ranks)");
   if (kind == K::kAllGather) return all_gather;
@@ -313,7 +313,7 @@ DeviceProfile profile_from_json(const std::string& text) {
       p.fits.push_back(fit);
     }
   }
-  FSDP_CHECK(p.has_collectives || p.calibration_world_size == 1, ErrorKind::kCorruptData, kWhere,
+  FSDP_CHECK(p.has_collectives || p.calibration_world_size == 1, ErrorKind::kCorruptData, kProfileWhere,
              "profile: \"collectives\": null is for a one-rank calibration (calibration.world_size 1)");
   return p;
 }
