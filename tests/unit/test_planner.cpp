@@ -12,10 +12,12 @@
 #include "fsdp/planner/activations.h"
 #include "fsdp/planner/plan.h"
 #include "fsdp/shard/layout.h"
+#include "planner_test_helpers.h"
 
 namespace fp = fsdp::planner;
 using fsdp::ShardingStrategy;
 using S = fsdp::ShardingStrategy;
+using planner_test::par;
 
 namespace {
 
@@ -30,15 +32,6 @@ int64_t gpt_closed_form(int64_t V, int64_t L, int64_t C, int64_t ctx) {
 int64_t llama_closed_form(int64_t V, int64_t L, int64_t C, int64_t H, int64_t KV, int64_t I) {
   const int64_t Ckv = KV * (C / H);
   return 2 * V * C + C + L * (2 * C * C + 2 * Ckv * C + 3 * C * I + 2 * C);
-}
-
-fp::Parallelism par(S s, int64_t n, int64_t g = 0, int64_t rpn = 0) {
-  fp::Parallelism p;
-  p.strategy = s;
-  p.world_size = n;
-  p.hybrid_shard_group_size = s == S::kHybridShard ? g : 0;
-  p.ranks_per_node = rpn;
-  return p;
 }
 
 // A unit of awkward shapes: rows not divisible by N, fewer rows than ranks, 1-D, 0-dim, frozen.

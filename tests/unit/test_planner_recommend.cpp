@@ -8,9 +8,11 @@
 #include "fsdp/common/check.h"
 #include "fsdp/planner/activations.h"
 #include "fsdp/planner/plan.h"
+#include "planner_test_helpers.h"
 
 namespace fp = fsdp::planner;
 using S = fsdp::ShardingStrategy;
+using planner_test::par;
 using K = fp::RecommendationKind;
 
 namespace {
@@ -26,13 +28,6 @@ fp::PlanInputs inputs(const fp::ModelSpec& m, int64_t n, fp::Precision prec, con
 }
 
 fp::ModelSpec llama(const std::string& name) { return fp::llama_model(fp::llama_shape(name), name); }
-
-fp::Parallelism par(S s, int64_t n) {
-  fp::Parallelism p;
-  p.strategy = s;
-  p.world_size = n;
-  return p;
-}
 
 }  // namespace
 
