@@ -31,6 +31,18 @@
 
 namespace {
 
+using apps::plan::launcher_rank;
+
+// This process's rank: MPI's when initialised (--calibrate), else the launcher's (planning runs
+// no collective and initialises no MPI: under `mpirun -n N` only rank 0 prints).
+int this_rank() {
+  int init = 0, rank = 0;
+  MPI_Initialized(&init);
+  if (!init) return launcher_rank();
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
 int run_calibrate(const apps::plan::PlanFlags& flags) {
   fsdp::comm::ProcessGroupPtr world = fsdp::comm::mpi_world();
   {  // --out is checked before anything is measured, on every rank alike (the same path)
@@ -60,23 +72,23 @@ int run_calibrate(const apps::plan::PlanFlags& flags) {
 
 int main(int argc, char** argv) {
   int exit_code = 0;
-  std::optional<apps::plan::PlanFlags> flags = apps::plan::parse_plan_flags(argc, argv, &exit_code);
+  std::optional<apps::plan::PlanFlags> flags = apps::plan::parse_plan_flags(argc, argv, launcher_rank(), &exit_code);
   if (!flags) return exit_code;
   try {
     if (flags->calibrate) return run_calibrate(*flags);
     const fsdp::planner::PlanInputs in = apps::plan::resolve_inputs(*flags);
     const fsdp::planner::Plan plan = fsdp::planner::make_plan(in);
-    std::cout << (flags->json ? fsdp::planner::plan_to_json(plan) : apps::plan::format_plan(plan));
+    if (launcher_rank() == 0) {
+      std::cout << (flags->json ? fsdp::planner::plan_to_json(plan) : apps::plan::format_plan(plan));
+    }
     return 0;
   } catch (const apps::plan::UsageError& e) {
-    int init = 0, rank = 0;
-    MPI_Initialized(&init);
-    if (init) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 0) std::cerr << "fsdp-plan: error: " << e.what() << std::endl;  // same on every rank
+    if (this_rank() == 0) std::cerr << "fsdp-plan: error: " << e.what() << std::endl;  // same on every rank
     return 2;
   } catch (const fsdp::Error& e) {
     const bool usage = e.kind() == fsdp::ErrorKind::kInvalidArgument;
-    std::cerr << "fsdp-plan: error: " << e.message() << std::endl;
+    // Planning: the same error on every rank, printed once; calibrating: each rank its own.
+    if (flags->calibrate || this_rank() == 0) std::cerr << "fsdp-plan: error: " << e.message() << std::endl;
     if (!usage && flags->calibrate) {
       int init = 0, size = 1;
       MPI_Initialized(&init);

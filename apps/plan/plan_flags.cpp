@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 #include <vector>
@@ -45,7 +46,14 @@ bool is_llama(const std::string& model) {
 
 }  // namespace
 
-std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int* exit_code) {
+int launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  }
+  return 0;
+}
+
+std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* exit_code) {
   PlanFlags f;
   CLI::App app{
       "fsdp-plan: memory, traffic and step time per rank of every sharding strategy (DDP, ZeRO-1, "
@@ -149,13 +157,15 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int* exit_code)
       throw CLI::ValidationError("--out/--name", "apply to --calibrate only");
     }
   } catch (const CLI::CallForHelp& e) {
-    *exit_code = app.exit(e);
+    std::ostringstream none;
+    *exit_code = rank == 0 ? app.exit(e) : app.exit(e, none, none);
     return std::nullopt;
   } catch (const CLI::CallForAllHelp& e) {
-    *exit_code = app.exit(e);
+    std::ostringstream none;
+    *exit_code = rank == 0 ? app.exit(e) : app.exit(e, none, none);
     return std::nullopt;
   } catch (const CLI::ParseError& e) {
-    std::cerr << "fsdp-plan: error: " << e.what() << " (see --help)" << std::endl;
+    if (rank == 0) std::cerr << "fsdp-plan: error: " << e.what() << " (see --help)" << std::endl;
     *exit_code = 2;
     return std::nullopt;
   }

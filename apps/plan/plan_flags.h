@@ -56,8 +56,12 @@ struct PlanFlags {
 
 /// Parses argv. Returns the flags, or std::nullopt with *exit_code set when the program should exit
 /// now: --help (0, help printed), a bad flag or value (2, one line "fsdp-plan: error: ..." on
-/// stderr).
-std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int* exit_code);
+/// stderr). Only `rank` 0 prints (every rank of an mpirun job parses the same argv).
+std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* exit_code);
+
+/// The rank an MPI launcher gave this process, from its environment (OMPI_COMM_WORLD_RANK,
+/// PMIX_RANK or PMI_RANK; 0 when not launched by one). Needs no MPI_Init.
+int launcher_rank();
 
 /// The planner's inputs for `flags`: the model (preset + overrides), batch geometry (as fsdp-train
 /// resolves it), precision, profile, memory. Throws UsageError for combinations that do not fit

@@ -8,14 +8,18 @@
       * Llama-2-13B on 64 H100s: a recommendation that is not DDP (13B x 16 B = 208 GB > 80 GB),
         whose reason the output states;
       * bad flags exit 2 with one line "fsdp-plan: error: ..." on stderr;
-      * --calibrate under mpirun -n 2 writes a profile that --profile reads back (skipped without
-        mpirun).
+      * --calibrate under mpirun -n 2 writes a profile that --profile reads back, with the step
+        update's seconds per tensor by size (skipped without mpirun);
+      * under mpirun -n 2 without --calibrate the plan, or an error, is printed once;
+      * with --train-bin: fsdp-train --dry-run of gpt2 is at GPT-2's vocabulary unless --vocab-size
+        is given, then the model and bytes are fsdp-plan's at that vocabulary.
 
 Exit 0: pass; anything else: fail.
 """
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -147,13 +151,56 @@ def calibrate(bin_path, tmp):
         check("calibrated on one rank" in p.stderr, f"planning N = 2 with it is refused: {p.stderr!r}")
 
 
+def under_mpirun(bin_path):
+    """Planning runs no collective: under mpirun only rank 0 prints the plan, or the error."""
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        print("under_mpirun: skipped (no mpirun)")
+        return
+    base = [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2", bin_path]
+    p = subprocess.run(base + ["--model", "micro", "--world-size", "2"], capture_output=True, text=True, timeout=120)
+    check(p.returncode == 0 and p.stdout.count("Recommendation:") == 1,
+          f"mpirun -n 2 fsdp-plan prints the plan once: rc {p.returncode}, {p.stdout.count('Recommendation:')} plans")
+    for args in (["--model", "gpt5"], ["--world-size", "3", "--strategy", "hybrid_shard", "--hybrid-shard-group-size", "2"]):
+        p = subprocess.run(base + args, capture_output=True, text=True, timeout=120)
+        check(p.returncode != 0 and p.stderr.count("fsdp-plan: error:") == 1,
+              f"mpirun -n 2 fsdp-plan {args}: one error line, got {p.stderr.count('fsdp-plan: error:')}")
+
+
+def dry_run_vocab(bin_path, train_bin):
+    """fsdp-train --dry-run of a gpt2 preset: GPT-2's 50257 tokens unless --vocab-size is given,
+    then the same model as fsdp-plan's at that vocabulary, byte for byte."""
+    if not train_bin:
+        return
+
+    def dry(*args):
+        p = subprocess.run([train_bin, "--dry-run", "--world-size", "8", "--model", "gpt2", *args],
+                           capture_output=True, text=True, timeout=120)
+        check(p.returncode == 0, f"dry run {args}: exit {p.returncode}; {p.stderr.strip()[-300:]}")
+        params = re.search(r"\((\d+) params", p.stdout)
+        shard = re.search(r"^\s*params\s.*?(\d+) bytes$", p.stdout, re.M)
+        return int(params.group(1)) if params else -1, int(shard.group(1)) if shard else -1
+
+    n_default, _ = dry()
+    check(n_default == 124439808, f"gpt2 dry run at GPT-2's vocabulary: {n_default} params (want 124,439,808)")
+    n, shard_bytes = dry("--vocab-size", "8192")
+    doc = json.loads(plan(bin_path, "--model", "gpt2", "--vocab-size", "8192", "--world-size", "8",
+                          "--strategy", "full_shard", "--json").stdout)
+    check(n == doc["model"]["num_params"], f"--vocab-size 8192: {n} params, fsdp-plan {doc['model']['num_params']}")
+    want = doc["strategies"][0]["model_state"]["sharded_param_bytes"]
+    check(shard_bytes == want, f"--vocab-size 8192: params {shard_bytes} bytes per rank, fsdp-plan {want}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
+    ap.add_argument("--train-bin", default="", help="fsdp-train, for the dry-run checks")
     a = ap.parse_args()
     headline(a.bin)
     llama13b_on_64_h100(a.bin)
     usage_errors(a.bin)
+    under_mpirun(a.bin)
+    dry_run_vocab(a.bin, a.train_bin)
     with tempfile.TemporaryDirectory() as tmp:
         calibrate(a.bin, tmp)
     print(f"{len(FAILURES)} failure(s)")

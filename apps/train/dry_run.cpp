@@ -44,7 +44,8 @@ DryRunReport run_dry_run(const TrainConfig& c) {
         p, torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(1e-8).weight_decay(c.weight_decay));
   };
   if (c.model.rfind("llama", 0) == 0) {
-    const models::LlamaConfig cfg = models::llama_preset(c.model);
+    models::LlamaConfig cfg = models::llama_preset(c.model);
+    if (c.vocab_size_given) cfg.vocab_size = c.vocab_size;
     if (c.seq_len > cfg.max_seq) {
       throw UsageError("--seq-len " + std::to_string(c.seq_len) + " exceeds the model's context of " +
                        std::to_string(cfg.max_seq) + " tokens");
@@ -58,7 +59,7 @@ DryRunReport run_dry_run(const TrainConfig& c) {
     };
   } else {
     const bool gpt2 = c.model.rfind("gpt2", 0) == 0;
-    models::GPTConfig cfg = resolve_model(c, gpt2 ? models::kGpt2VocabSize : c.vocab_size);
+    models::GPTConfig cfg = resolve_model(c, gpt2 && !c.vocab_size_given ? models::kGpt2VocabSize : c.vocab_size);
     cfg.attention = "math";  // no values are computed; the kernel choice changes no byte
     spec.build = [cfg] { return std::static_pointer_cast<torch::nn::Module>(models::GPT(cfg, at::kMeta).ptr()); };
     spec.shard = [=](const std::shared_ptr<torch::nn::Module>& m, fsdp::comm::ProcessGroupPtr g) {

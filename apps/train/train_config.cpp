@@ -301,6 +301,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
     std::vector<char*> ptrs;
     for (auto& s : all) ptrs.push_back(s.data());
     app.parse(static_cast<int>(ptrs.size()), ptrs.data());
+    c.vocab_size_given = app.count("--vocab-size") > 0;
     if (c.min_lr > c.lr) throw CLI::ValidationError("--min-lr", "must not exceed --lr");
     if (!c.memory_budget.empty()) {
       try {

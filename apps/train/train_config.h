@@ -27,6 +27,9 @@ struct TrainConfig {
   std::string data_dir = "./data";  ///< holds spm_<vocab>.model and corpus/
   std::string data;                 ///< text file or folder with train.txt + val.txt; "" = data_dir/corpus
   int64_t vocab_size = 8192;        ///< selects data_dir/spm_<vocab_size>.model
+  /// --vocab-size was given (on the command line or in --config): a dry run of a gpt2 or llama2
+  /// preset then builds it at this vocabulary instead of the public model's (50257, 32000).
+  bool vocab_size_given = false;
   // Parallelism
   std::string strategy = "full_shard";
   std::string mixed_precision = "fp32";  ///< fp32 | bf16 | fp16
