@@ -8,7 +8,7 @@ no MPI_ABORT banner and no backtrace:
   * flags out of range (readable bounds), --sample-top-k above the vocabulary, an empty
     --sample-prompt, --export / --metrics / --trace in a missing directory, --save on a full or
     too small file system (a tmpfs mounted here when root; else skipped with the reason): all
-    refused before step 1;
+    refused before step 1; --eval-batches past the validation set capped at the set, with one line;
   * a NaN loss injected on rank 1 at step 2 (FSDP_TRAIN_INJECT_NONFINITE): exit 1 naming step 2
     and rank 1, checkpoint of step 1 only; --on-nonfinite skip trains on;
   * edited manifests (chunk_rows -1 and 0), edited counters (step -3, lr_step), another
@@ -22,6 +22,7 @@ Exit 0: pass; 77: skipped (no data / no mpirun); anything else: fail.
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -89,6 +90,12 @@ def test_flags(opts, tmp):
     p = run(["--steps", "1", "--metrics", m, "--flight-recorder-dir", fr], 2, opts)
     check(p.returncode == 0 and not os.path.exists(fr),
           "--flight-recorder-dir in a directory still to make: accepted, and a healthy run makes none")
+    # A validation pass covers the set at most once, and says so when --eval-batches asks more.
+    p = run(["--steps", "1", "--eval-batches", "1000000"], 2, opts)
+    said = re.search(r"validation: --eval-batches 1000000 is more than the set holds \((\d+) sequences "
+                     r"of \d+ tokens, (\d+) global batch\(es\)\): each pass evaluates (\d+)", p.stdout)
+    check(p.returncode == 0 and said and said.group(2) == said.group(3) and int(said.group(2)) >= 1,
+          "--eval-batches past the validation set: capped with one line, got %r" % p.stdout[-400:])
 
 
 def test_disk_full(opts, tmp):

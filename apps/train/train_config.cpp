@@ -221,7 +221,8 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--eval-every", c.eval_every,
                  "Steps between validation passes (0: only after the last step)")
       ->check(int_in(0, kMaxSize))->group("Output");
-  app.add_option("--eval-batches", c.eval_batches, "Global batches per validation pass")
+  app.add_option("--eval-batches", c.eval_batches,
+                 "Global batches per validation pass (at most the validation set once)")
       ->check(int_in(1, kMaxSize))->group("Output");
   app.add_option("--sample-tokens", c.sample_tokens,
                  "Tokens to generate after training from --sample-prompt (0: no sample)")

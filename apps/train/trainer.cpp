@@ -101,6 +101,7 @@ class Trainer {
   std::unique_ptr<data::Tokenizer> tokenizer_;
   Corpus corpus_;
   std::optional<data::DistributedBatchSampler> train_sampler_, val_sampler_;
+  int64_t eval_batches_ = 0;  ///< --eval-batches, at most the validation set once
   models::GPT model_{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   TrainProgress progress_;
@@ -146,6 +147,15 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
     corpus_ = load_corpus(cfg_, *tokenizer_, *group_, console_);
     train_sampler_.emplace(make_sampler(corpus_.train, cfg_, rank_, world_, "training"));
     val_sampler_.emplace(make_sampler(corpus_.val, cfg_, rank_, world_, "validation"));
+    // A validation pass covers the set at most once: batches past its end would repeat windows.
+    const int64_t whole = std::max<int64_t>(1, val_sampler_->eval_windows() / val_sampler_->global_batch_size());
+    eval_batches_ = std::min(cfg_.eval_batches, whole);
+    if (eval_batches_ < cfg_.eval_batches) {
+      console_.line("validation: --eval-batches " + std::to_string(cfg_.eval_batches) + " is more than the set holds (" +
+                    std::to_string(val_sampler_->eval_windows()) + " sequences of " +
+                    std::to_string(val_sampler_->seq_len()) + " tokens, " + std::to_string(whole) +
+                    " global batch(es)): each pass evaluates " + std::to_string(whole));
+    }
   }
 
   // Model: identical init on every rank (checked), then one unit per block plus the root.
@@ -276,7 +286,7 @@ StepResult Trainer::train_step(const at::Tensor& batch, int64_t step) {
 void Trainer::eval_now(int64_t step) {
   const double t0 = trace_.now_us();
   const fsdp::ActivityScope activity(nullptr, "evaluation");
-  last_val_ = evaluate(model_, *val_sampler_, cfg_.eval_batches, batch_.micro, *group_);
+  last_val_ = evaluate(model_, *val_sampler_, eval_batches_, batch_.micro, *group_);
   trace_.add("eval", "compute", 0, t0, trace_.now_us() - t0);
   metrics_->write({{"event", "eval"}, {"step", step}, {"val_loss", last_val_}});
   char buf[96];
