@@ -143,8 +143,9 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
   app.add_flag("--json", f.json, "Print the plan as JSON (for scripts) instead of tables")->group("Output");
 
   app.add_flag("--calibrate", f.calibrate,
-               "Measure this machine under mpirun -n N: collective latency and bandwidth over the MPI group and "
-               "matmul FLOP rates of the model's shapes; writes --out")
+               "Measure this machine under mpirun -n N: collective latency and bandwidth over the MPI group, "
+               "matmul FLOP rates of the model's shapes, a training forward + backward of the model, the "
+               "step update per tensor size; writes --out")
       ->group("Calibration");
   app.add_option("--out", f.out, "--calibrate: the profile file to write")->group("Calibration");
   app.add_option("--threads", f.threads, "--calibrate: intra-op threads per rank")->check(positive)->group("Calibration");

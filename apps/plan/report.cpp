@@ -31,7 +31,8 @@ std::string seconds(double s) {
   if (s == 0) return "0";
   if (s < 1e-3) return num(s * 1e6, "%.0f us");
   if (s < 1) return num(s * 1e3, "%.1f ms");
-  return num(s, "%.2f s");
+  if (s < 1e5) return num(s, "%.2f s");
+  return num(s, "%.3g s");
 }
 
 // A table with right-aligned columns (the first left-aligned).

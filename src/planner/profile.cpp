@@ -86,9 +86,19 @@ json link_json(const LinkProfile& l) {
   return {{"alpha_s", l.alpha_s}, {"bandwidth_bytes_per_s", l.bandwidth_bytes_per_s}};
 }
 
+// Upper bounds of a profile's figures: well past any machine, so that an edited file cannot make
+// the time model overflow (one collective step or one tensor's update within an hour; a rate
+// below 1e18 per second; memory below 1 EiB).
+constexpr double kMaxSeconds = 3600.0;
+constexpr double kMaxRate = 1e18;
+constexpr double kMaxBytes = 1152921504606846976.0;  // 2^60
+constexpr int64_t kMaxNumel = int64_t{1} << 50;
+
 template <typename T>
 T field(const json& j, const char* key, const std::string& where) {
-  FSDP_CHECK(j.is_object() && j.contains(key), ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
+  FSDP_CHECK(j.is_object(), ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
+             " must be a JSON object, got ", j.type_name());
+  FSDP_CHECK(j.contains(key), ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
              " has no field '", key, "'");
   try {
     return j.at(key).get<T>();
@@ -97,16 +107,26 @@ T field(const json& j, const char* key, const std::string& where) {
   }
 }
 
-double non_negative(const json& j, const char* key, const std::string& where) {
+// A number in [0, hi].
+double non_negative(const json& j, const char* key, const std::string& where, double hi) {
   const double v = field<double>(j, key, where);
-  FSDP_CHECK(v >= 0.0, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where, ".", key, " must be >= 0, got ", v);
+  FSDP_CHECK(v >= 0.0 && v <= hi, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where, ".", key,
+             " must be in [0, ", hi, "], got ", v);
+  return v;
+}
+
+// A rate per second: 0 (not measured) or in [1, kMaxRate].
+double rate(const json& j, const char* key, const std::string& where) {
+  const double v = non_negative(j, key, where, kMaxRate);
+  FSDP_CHECK(v == 0.0 || v >= 1.0, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where, ".", key,
+             " must be 0 or in [1, ", kMaxRate, "], got ", v);
   return v;
 }
 
 LinkProfile link_from(const json& j, const std::string& where) {
   LinkProfile l;
-  l.alpha_s = non_negative(j, "alpha_s", where);
-  l.bandwidth_bytes_per_s = non_negative(j, "bandwidth_bytes_per_s", where);
+  l.alpha_s = non_negative(j, "alpha_s", where, kMaxSeconds);
+  l.bandwidth_bytes_per_s = rate(j, "bandwidth_bytes_per_s", where);
   FSDP_CHECK(l.bandwidth_bytes_per_s > 0.0, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
              ".bandwidth_bytes_per_s must be > 0");
   return l;
@@ -115,20 +135,25 @@ LinkProfile link_from(const json& j, const std::string& where) {
 const char* const kOptimizerKeys[] = {"adamw", "sgd-momentum", "sgd"};
 
 // step_update_points_numel_seconds.<key>: [[numel, seconds], ...], numel > 0 strictly ascending,
-// seconds >= 0.
+// seconds >= 0, at least one point; an optimizer without the key has no points.
 std::vector<UpdatePoint> update_points_from(const json& c, const char* key) {
   const std::string where = std::string("step_update_points_numel_seconds.") + key;
-  const json& a = field<json>(c, key, "step_update_points_numel_seconds");
-  FSDP_CHECK(a.is_array(), ErrorKind::kCorruptData, kProfileWhere, "profile: ", where, " must be an array of [numel, seconds]");
+  FSDP_CHECK(c.is_object(), ErrorKind::kCorruptData, kProfileWhere,
+             "profile: step_update_points_numel_seconds must be a JSON object, got ", c.type_name());
+  if (!c.contains(key)) return {};  // this optimizer: step_update_s_per_elem
+  const json& a = c.at(key);
+  FSDP_CHECK(a.is_array() && !a.empty(), ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
+             " must be a non-empty array of [numel, seconds]");
   std::vector<UpdatePoint> out;
   for (const json& pt : a) {
     FSDP_CHECK(pt.is_array() && pt.size() == 2 && pt.at(0).is_number_integer() && pt.at(1).is_number(),
                ErrorKind::kCorruptData, kProfileWhere, "profile: ", where, ": every point is [numel, seconds], got ", pt.dump());
     const UpdatePoint u{pt.at(0).get<int64_t>(), pt.at(1).get<double>()};
-    FSDP_CHECK(u.numel > 0 && u.seconds >= 0 && std::isfinite(u.seconds) &&
+    FSDP_CHECK(u.numel > 0 && u.numel <= kMaxNumel && u.seconds >= 0 && u.seconds <= kMaxSeconds &&
                    (out.empty() || u.numel > out.back().numel),
                ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
-               ": numel must be > 0 and strictly ascending, seconds >= 0; got ", pt.dump());
+               ": numel must be in [1, 2^50] and strictly ascending, seconds in [0, ", kMaxSeconds, "]; got ",
+               pt.dump());
     out.push_back(u);
   }
   return out;
@@ -225,7 +250,7 @@ std::string profile_to_json(const DeviceProfile& p) {
     for (int k = 0; k < 3; ++k) {
       json pts = json::array();
       for (const auto& pt : *curves[k]) pts.push_back({pt.numel, pt.seconds});
-      j["step_update_points_numel_seconds"][kOptimizerKeys[k]] = pts;
+      if (!pts.empty()) j["step_update_points_numel_seconds"][kOptimizerKeys[k]] = pts;
     }
   }
   j["comm_overlaps_compute"] = p.comm_overlaps_compute;
@@ -259,28 +284,30 @@ DeviceProfile profile_from_json(const std::string& text) {
   p.name = field<std::string>(j, "name", "profile");
   p.description = j.value("description", std::string());
   if (j.contains("sources")) p.sources = field<std::vector<std::string>>(j, "sources", "profile");
-  p.memory_bytes = static_cast<int64_t>(non_negative(j, "memory_bytes", "profile"));
+  p.memory_bytes = static_cast<int64_t>(non_negative(j, "memory_bytes", "profile", kMaxBytes));
   p.ranks_per_node = field<int64_t>(j, "ranks_per_node", "profile");
+  FSDP_CHECK(p.ranks_per_node <= (int64_t{1} << 20), ErrorKind::kCorruptData, kProfileWhere,
+             "profile: ranks_per_node must be at most 2^20, got ", p.ranks_per_node);
   FSDP_CHECK(p.ranks_per_node >= 1, ErrorKind::kCorruptData, kProfileWhere, "profile: ranks_per_node must be >= 1");
   const json& f = j.contains("matmul_flops_per_s") ? j.at("matmul_flops_per_s") : json();
-  p.matmul_flops_per_s_fp32 = non_negative(f, "fp32", "matmul_flops_per_s");
-  p.matmul_flops_per_s_bf16 = non_negative(f, "bf16", "matmul_flops_per_s");
-  p.matmul_flops_per_s_fp16 = f.contains("fp16") ? non_negative(f, "fp16", "matmul_flops_per_s") : 0.0;
+  p.matmul_flops_per_s_fp32 = rate(f, "fp32", "matmul_flops_per_s");
+  p.matmul_flops_per_s_bf16 = rate(f, "bf16", "matmul_flops_per_s");
+  p.matmul_flops_per_s_fp16 = f.contains("fp16") ? rate(f, "fp16", "matmul_flops_per_s") : 0.0;
   FSDP_CHECK(p.matmul_flops_per_s_fp32 > 0 && p.matmul_flops_per_s_bf16 > 0, ErrorKind::kCorruptData, kProfileWhere,
              "profile: matmul_flops_per_s.fp32 and .bf16 must be > 0");
-  p.compute_efficiency = j.contains("compute_efficiency") ? non_negative(j, "compute_efficiency", "profile") : 1.0;
+  p.compute_efficiency = j.contains("compute_efficiency") ? non_negative(j, "compute_efficiency", "profile", 1.0) : 1.0;
   FSDP_CHECK(p.compute_efficiency > 0 && p.compute_efficiency <= 1.0, ErrorKind::kCorruptData, kProfileWhere,
              "profile: compute_efficiency must be in (0, 1], got ", p.compute_efficiency);
   if (j.contains("model_flops_per_s")) {
     const json& mf = j.at("model_flops_per_s");
-    p.model_flops_per_s_fp32 = non_negative(mf, "fp32", "model_flops_per_s");
-    p.model_flops_per_s_bf16 = non_negative(mf, "bf16", "model_flops_per_s");
-    p.model_flops_per_s_fp16 = non_negative(mf, "fp16", "model_flops_per_s");
+    p.model_flops_per_s_fp32 = rate(mf, "fp32", "model_flops_per_s");
+    p.model_flops_per_s_bf16 = rate(mf, "bf16", "model_flops_per_s");
+    p.model_flops_per_s_fp16 = rate(mf, "fp16", "model_flops_per_s");
   }
   const json& u = field<json>(j, "step_update_s_per_elem", "profile");
-  p.step_update_s_per_elem_adamw = non_negative(u, "adamw", "step_update_s_per_elem");
-  p.step_update_s_per_elem_sgd_momentum = non_negative(u, "sgd-momentum", "step_update_s_per_elem");
-  p.step_update_s_per_elem_sgd = non_negative(u, "sgd", "step_update_s_per_elem");
+  p.step_update_s_per_elem_adamw = non_negative(u, "adamw", "step_update_s_per_elem", kMaxSeconds);
+  p.step_update_s_per_elem_sgd_momentum = non_negative(u, "sgd-momentum", "step_update_s_per_elem", kMaxSeconds);
+  p.step_update_s_per_elem_sgd = non_negative(u, "sgd", "step_update_s_per_elem", kMaxSeconds);
   if (j.contains("step_update_points_numel_seconds")) {
     const json& c = j.at("step_update_points_numel_seconds");
     std::vector<UpdatePoint>* curves[] = {&p.step_update_points_adamw, &p.step_update_points_sgd_momentum,

@@ -3,6 +3,10 @@
 // byte-count parser.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/check.h"
@@ -213,7 +217,8 @@ TEST(PlannerProfile, StepUpdatePointsPerTensor) {
   EXPECT_TRUE(q.step_update_points_sgd.empty());
   EXPECT_DOUBLE_EQ(q.step_update_tensor_s(A, 3000), 4e-5);
   nlohmann::json j = nlohmann::json::parse(fp::profile_to_json(p));
-  for (const char* bad : {R"([[2000, 1e-5], [1000, 2e-5]])", R"([[0, 1e-5]])", R"([[1000, -1]])", R"([[1000]])"}) {
+  for (const char* bad : {R"([[2000, 1e-5], [1000, 2e-5]])", R"([[0, 1e-5]])", R"([[1000, -1]])", R"([[1000]])",
+                          R"([])", R"([[1000, 1e300]])", R"([[1e300, 1e-5]])", R"("abc")"}) {
     j["step_update_points_numel_seconds"]["adamw"] = nlohmann::json::parse(bad);
     try {
       fp::profile_from_json(j.dump());
@@ -222,6 +227,32 @@ TEST(PlannerProfile, StepUpdatePointsPerTensor) {
       EXPECT_EQ(e.kind(), fsdp::ErrorKind::kCorruptData);
       EXPECT_NE(std::string(e.what()).find("step_update_points_numel_seconds.adamw"), std::string::npos) << e.what();
     }
+  }
+  // Every figure is bounded (an edited file cannot overflow the time model), with the field named.
+  for (const auto& [ptr, value, field_name] :
+       std::vector<std::tuple<std::vector<std::string>, double, std::string>>{
+           {{"memory_bytes"}, 1e300, "memory_bytes"},
+           {{"step_update_s_per_elem", "adamw"}, 1e300, "step_update_s_per_elem.adamw"},
+           {{"collectives", "all_gather", "intra_node", "alpha_s"}, 1e300, "all_gather.intra_node.alpha_s"},
+           {{"model_flops_per_s", "fp32"}, 1e-300, "model_flops_per_s.fp32"},
+           {{"matmul_flops_per_s", "bf16"}, 1e300, "matmul_flops_per_s.bf16"}}) {
+    nlohmann::json k = nlohmann::json::parse(fp::profile_to_json(fp::builtin_profile("a100")));
+    nlohmann::json* at = &k;
+    for (const auto& key : ptr) at = &(*at)[key];
+    *at = value;
+    try {
+      fp::profile_from_json(k.dump());
+      ADD_FAILURE() << field_name << " = " << value << " accepted";
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(e.kind(), fsdp::ErrorKind::kCorruptData);
+      EXPECT_NE(std::string(e.what()).find(field_name), std::string::npos) << e.what();
+    }
+  }
+  try {
+    fp::profile_from_json("[1, 2]");
+    ADD_FAILURE() << "a JSON array accepted as a profile";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be a JSON object"), std::string::npos) << e.what();
   }
   // The time model charges each trainable tensor of the rank's shard once: with one fixed cost per
   // tensor, the update is that cost x the model's trainable tensors (every one has rows on rank 0).
