@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fsdp/common/check.h"
+#include "train/value_bounds.h"
 
 namespace apps::plan {
 namespace fp = fsdp::planner;
@@ -107,6 +108,7 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
   app.add_option("--optimizer", f.optimizer, "adamw (8 B/param of state), sgd-momentum (4), sgd (0)")
       ->check(CLI::IsMember({"adamw", "adam", "sgd-momentum", "sgd"}))->group("Parallelism");
   app.add_option("--forward-prefetch", f.forward_prefetch, "Issue the next unit's all-gather at each pre-forward (true|false)")
+      ->check(apps::train::boolean_word())
       ->group("Parallelism");
   app.add_option("--max-unsharded-units", f.max_unsharded_units,
                  "Units (root excluded) holding full params at once, prefetch included")

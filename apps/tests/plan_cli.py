@@ -84,6 +84,9 @@ def usage_errors(bin_path):
         lines = p.stderr.strip().splitlines()
         check(len(lines) == 1 and lines[0].startswith("fsdp-plan: error:"),
               f"{args}: one error line on stderr, got {p.stderr!r}")
+    p = plan(bin_path, "--forward-prefetch", "maybe", expect_rc=2)
+    check("--forward-prefetch: 'maybe' is not true or false" in p.stderr,
+          f"a bool flag's bad value named in words: {p.stderr!r}")
 
 
 def calibrate(bin_path, tmp):

@@ -72,6 +72,7 @@ def test_flags(opts, tmp):
     expect_error(run(["--sample-tokens", "4", "--sample-top-k", "9000"], 1, opts), 2,
                  "--sample-top-k 9000 exceeds the vocabulary of 8192")
     expect_error(run(["--sample-tokens", "4", "--sample-prompt", ""], 1, opts), 2, "--sample-prompt")
+    expect_error(run(["--forward-prefetch", "maybe"], 1, opts), 2, "--forward-prefetch", "'maybe' is not true or false")
     missing = os.path.join(tmp, "missing")
     for flag in ("--export", "--metrics", "--trace"):
         extra = ["--metrics", m] if flag != "--metrics" else []

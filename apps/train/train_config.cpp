@@ -156,7 +156,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       ->envname("FSDP_THREADS")->group("Parallelism");
   app.add_option("--forward-prefetch", c.forward_prefetch,
                  "Issue the next unit's all-gather at each pre-forward (true|false)")
-      ->group("Parallelism");
+      ->check(boolean_word())->group("Parallelism");
   app.add_option("--hybrid-shard-group-size", c.hybrid_shard_group_size,
                  "hybrid_shard: ranks per shard group (consecutive ranks); must divide the world "
                  "size; 0 = all ranks (then hybrid_shard equals full_shard); host = one shard "

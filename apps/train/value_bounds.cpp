@@ -1,6 +1,7 @@
 // Numeric flag bounds (value_bounds.h).
 #include "train/value_bounds.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -54,6 +55,19 @@ CLI::Validator int_in(int64_t lo, int64_t hi) {
         }
       },
       "in " + range);
+}
+
+CLI::Validator boolean_word() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        std::string w;
+        for (char ch : s) w += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        for (const char* ok : {"true", "false", "1", "0", "yes", "no", "on", "off"}) {
+          if (w == ok) return std::string();
+        }
+        return "'" + s + "' is not true or false (accepted: true|false, 1|0, yes|no, on|off)";
+      },
+      "true|false");
 }
 
 CLI::Validator real_in(double lo, double hi, bool lo_open) { return real_check(lo, hi, lo_open, false); }

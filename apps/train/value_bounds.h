@@ -20,4 +20,8 @@ CLI::Validator real_in(double lo, double hi, bool lo_open = false);
 /// A real number in [lo, hi) (upper bound excluded, e.g. an Adam beta below 1).
 CLI::Validator real_below(double lo, double hi);
 
+/// A boolean flag value: true|false, 1|0, yes|no, on|off (any case). Rejects other text with
+/// "'VALUE' is not true or false (...)" instead of CLI11's "Could not convert".
+CLI::Validator boolean_word();
+
 }  // namespace apps::train
