@@ -43,6 +43,15 @@ int this_rank() {
   return rank;
 }
 
+// After a runtime error under an initialised MPI job of more than one rank: the peers may wait in
+// a collective this rank will never join, so the job is aborted (exit 1 everywhere).
+void abort_peers() {
+  int init = 0, size = 1;
+  MPI_Initialized(&init);
+  if (init) MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 int run_calibrate(const apps::plan::PlanFlags& flags) {
   fsdp::comm::ProcessGroupPtr world = fsdp::comm::mpi_world();
   {  // --out is checked before anything is measured, on every rank alike (the same path)
@@ -89,19 +98,11 @@ int main(int argc, char** argv) {
     const bool usage = e.kind() == fsdp::ErrorKind::kInvalidArgument;
     // Planning: the same error on every rank, printed once; calibrating: each rank its own.
     if (flags->calibrate || this_rank() == 0) std::cerr << "fsdp-plan: error: " << e.message() << std::endl;
-    if (!usage && flags->calibrate) {
-      int init = 0, size = 1;
-      MPI_Initialized(&init);
-      if (init) MPI_Comm_size(MPI_COMM_WORLD, &size);
-      if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
-    }
+    if (!usage && flags->calibrate) abort_peers();
     return usage || e.kind() == fsdp::ErrorKind::kIo || e.kind() == fsdp::ErrorKind::kCorruptData ? 2 : 1;
   } catch (const std::exception& e) {
     std::cerr << "fsdp-plan: error: " << e.what() << std::endl;
-    int init = 0, size = 1;
-    MPI_Initialized(&init);
-    if (init) MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    abort_peers();
     return 1;
   }
 }
