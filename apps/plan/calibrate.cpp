@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -46,14 +47,17 @@ std::vector<double> across_ranks(fsdp::comm::ProcessGroup& g, std::vector<double
   return std::vector<double>(p, p + v.size());
 }
 
+// The engine's reductions average (a sum, then a division on the communication thread).
+constexpr fsdp::comm::ReduceOp kAvg = fsdp::comm::ReduceOp::kAvg;
+
 // Seconds of one collective of `bytes` logical bytes (fp32), measured `reps` times after a warm-up.
 std::vector<double> time_collective(fsdp::comm::ProcessGroup& g, CollectiveKind kind, int64_t bytes, int reps) {
   const int64_t n = g.size(), elems = std::max<int64_t>(n, bytes / 4 / n * n);
   at::Tensor big = at::zeros({elems}, at::kFloat), small = at::zeros({elems / n}, at::kFloat);
   auto run = [&] {
     if (kind == CollectiveKind::kAllGather) g.all_gather_into_tensor(big, small)->wait();
-    else if (kind == CollectiveKind::kReduceScatter) g.reduce_scatter_tensor(small, big)->wait();
-    else g.all_reduce(big)->wait();
+    else if (kind == CollectiveKind::kReduceScatter) g.reduce_scatter_tensor(small, big, kAvg)->wait();
+    else g.all_reduce(big, kAvg)->wait();
   };
   run();
   std::vector<double> t;
@@ -139,47 +143,141 @@ at::Tensor forward_logits(const std::shared_ptr<torch::nn::Module>& m, const fp:
   return std::static_pointer_cast<apps::models::LlamaImpl>(m)->forward(idx);
 }
 
-struct ModelRate {
-  double flops_per_s = 0.0;
-  int64_t n_layer = 0;  ///< layers of the module measured
+// A training forward + backward of the model's module (its blocks cut so that every rank's copy,
+// its gradients and a working margin take at most half of this node's memory): random tokens of
+// micro-batch x seq_len, the loss as fsdp-train computes it. A parameter-count model has no
+// module: its pass is the three matmuls of a 1024 x 1024 layer's forward and backward over
+// micro-batch x seq_len rows, 8 times (no FLOP rate is derived from it).
+struct TrainingPass {
+  std::shared_ptr<torch::nn::Module> module;
+  at::Tensor idx, x, w;
+  fp::Architecture arch;
+  int64_t n_layer = 0;  ///< layers of the module
+  double flops = 0.0;   ///< the planner's FLOPs of one pass (unit_flops of the root and the blocks)
+
+  TrainingPass(const fp::ModelSpec& m, const fp::StepSetup& step, at::ScalarType dtype, int64_t ranks_on_node)
+      : arch(m.arch) {
+    if (arch.kind == fp::BlockKind::kNone) {
+      x = at::randn({step.micro_batch_size * step.seq_len, 1024}).to(dtype);
+      w = at::randn({1024, 1024}).to(dtype);
+      return;
+    }
+    const double block_bytes = 16.0 * static_cast<double>(m.units.size() > 1 ? m.units[1].numel() : 0);
+    const double root_bytes = 16.0 * static_cast<double>(m.units[0].numel());
+    const double budget = 0.5 * static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                          static_cast<double>(sysconf(_SC_PAGESIZE)) / static_cast<double>(ranks_on_node);
+    n_layer = arch.n_layer;
+    while (n_layer > 1 && root_bytes + static_cast<double>(n_layer) * block_bytes > budget) --n_layer;
+    module = build_module(arch, n_layer);
+    module->to(dtype);
+    idx = at::randint(arch.vocab_size, {step.micro_batch_size, step.seq_len}, at::kLong);
+    flops = fp::unit_flops(m, 0, step).forward + fp::unit_flops(m, 0, step).backward +
+            static_cast<double>(n_layer) * (fp::unit_flops(m, 1, step).forward + fp::unit_flops(m, 1, step).backward);
+  }
+  /// One forward + backward (blocking); `between` runs after the forward, before the backward.
+  /// Returns the seconds of it all.
+  double run(const std::function<void()>& between = {}) {
+    const double t0 = now_s();
+    if (!module) {
+      for (int i = 0; i < 8; ++i) at::mm(x, w.t());
+      if (between) between();
+      for (int i = 0; i < 8; ++i) {
+        at::mm(x, w);
+        at::mm(x.t(), x);
+      }
+      return now_s() - t0;
+    }
+    for (auto& p : module->parameters()) p.mutable_grad() = at::Tensor();
+    at::Tensor logits = forward_logits(module, arch, idx);
+    at::Tensor loss =
+        torch::nn::functional::cross_entropy(logits.reshape({-1, arch.vocab_size}).to(at::kFloat), idx.reshape({-1}));
+    if (between) between();
+    loss.backward();
+    return now_s() - t0;
+  }
+  /// The median seconds of a pass, all ranks at once after a warm-up (>= 3 runs, about a second).
+  double median_s(fsdp::comm::ProcessGroup& g) {
+    g.barrier()->wait();  // all ranks compute at once, as in training
+    run();
+    std::vector<double> t;
+    double total = 0;
+    while ((total < 1.0 && t.size() < 9) || t.size() < 3) {
+      t.push_back(run());
+      total += t.back();
+    }
+    return median(t);
+  }
 };
 
-// [Note: model rate] The FLOP rate a training forward + backward of the model reaches: the
-// module built with the model's shapes (its blocks cut so that every rank's copy, its gradients
-// and a working margin take at most half of this node's memory), random tokens of micro-batch x
-// seq_len, the loss as fsdp-train computes it, all ranks at once; FLOPs from the planner's
-// unit_flops (root + blocks), so the time model divides the same count by this rate.
-ModelRate model_rate(const fp::ModelSpec& m, const fp::StepSetup& step, at::ScalarType dtype, int64_t ranks_on_node,
-                     fsdp::comm::ProcessGroup& g) {
-  const fp::Architecture& a = m.arch;
-  const double block_bytes = 16.0 * static_cast<double>(m.units.size() > 1 ? m.units[1].numel() : 0);
-  const double root_bytes = 16.0 * static_cast<double>(m.units[0].numel());
-  const double budget = 0.5 * static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
-                        static_cast<double>(sysconf(_SC_PAGESIZE)) / static_cast<double>(ranks_on_node);
-  int64_t layers = a.n_layer;
-  while (layers > 1 && root_bytes + static_cast<double>(layers) * block_bytes > budget) --layers;
-  std::shared_ptr<torch::nn::Module> module = build_module(a, layers);
-  module->to(dtype);
-  const at::Tensor idx = at::randint(a.vocab_size, {step.micro_batch_size, step.seq_len}, at::kLong);
-  auto once = [&] {
-    for (auto& p : module->parameters()) p.mutable_grad() = at::Tensor();
-    at::Tensor logits = forward_logits(module, a, idx);
-    torch::nn::functional::cross_entropy(logits.reshape({-1, a.vocab_size}).to(at::kFloat), idx.reshape({-1}))
-        .backward();
-  };
-  g.barrier()->wait();  // all ranks compute at once, as in training
-  once();
-  std::vector<double> t;
-  double total = 0;
-  while ((total < 1.0 && t.size() < 9) || t.size() < 3) {
-    const double t0 = now_s();
-    once();
-    t.push_back(now_s() - t0);
-    total += t.back();
+// [Note: model rate] The FLOP rate a training forward + backward of the model reaches (TrainingPass),
+// all ranks at once; FLOPs from the planner's unit_flops (root + blocks), so the time model divides
+// the same count by this rate. The slowest rank's rate.
+double model_rate(TrainingPass& pass, fsdp::comm::ProcessGroup& g) {
+  return across_ranks(g, {pass.flops / pass.median_s(g)}, /*min=*/true)[0];
+}
+
+// [Note: collectives beside compute] What a collective costs a training step where communication
+// shares the compute cores. Each rank's communication thread runs `count` collectives of `kind`
+// (fp32, 4 MiB logical each, over a pool of 16 buffer pairs used in turn) beside a training pass
+// as the engine's run: all-gathers issued at the start of its forward, reduce-scatters and
+// all-reduces at the start of its backward; all ranks at once. The wall time until both the pass
+// and the collectives are done, minus the pass alone, is what the collectives added; over their
+// time alone (`op_alone_s` each, from the fit) it is the shared-core factor (profile.h
+// CollectiveLinks::shared_core_factor). `count` makes the collectives' time alone about half of
+// the pass (of its backward for the reductions), as in a step, so that the difference stands well
+// above the pass's own spread. The pass alone and the pass with collectives alternate (the
+// machine's speed drifts); the median of 5 such pairs' differences after a warm-up pair; the
+// slowest rank's.
+double shared_core_factor(fsdp::comm::ProcessGroup& g, CollectiveKind kind, double op_alone_s, TrainingPass& pass) {
+  const int64_t n = g.size(), elems = (int64_t{4} << 20) / 4 / n * n;
+  constexpr int kPool = 16;
+  std::vector<at::Tensor> big, small;
+  for (int i = 0; i < kPool; ++i) {
+    big.push_back(at::zeros({elems}, at::kFloat));
+    small.push_back(at::zeros({elems / n}, at::kFloat));
   }
-  const double flops = fp::unit_flops(m, 0, step).forward + fp::unit_flops(m, 0, step).backward +
-                       static_cast<double>(layers) * (fp::unit_flops(m, 1, step).forward + fp::unit_flops(m, 1, step).backward);
-  return {across_ranks(g, {flops / median(t)}, /*min=*/true)[0], layers};
+  g.barrier()->wait();
+  pass.run();
+  const double pass_s = across_ranks(g, {pass.run()}, /*min=*/false)[0];
+  // The engine all-gathers from the start of forward on, and reduces during backward (two thirds
+  // of the pass): the collectives start there and take about half of that time alone.
+  const bool in_backward = kind != CollectiveKind::kAllGather;
+  const double window_s = in_backward ? pass_s * 2.0 / 3.0 : pass_s;
+  const int count = static_cast<int>(std::clamp(0.5 * window_s / std::max(op_alone_s, 1e-9), 2.0, 4096.0));
+  auto alone = [&] {
+    g.barrier()->wait();
+    return pass.run();
+  };
+  auto beside = [&] {
+    g.barrier()->wait();
+    const double t0 = now_s();
+    std::vector<fsdp::comm::WorkPtr> works;
+    auto issue = [&] {
+      for (int i = 0; i < count; ++i) {
+        at::Tensor& b = big[i % kPool];
+        at::Tensor& sm = small[i % kPool];
+        if (kind == CollectiveKind::kAllGather) works.push_back(g.all_gather_into_tensor(b, sm));
+        else if (kind == CollectiveKind::kReduceScatter) works.push_back(g.reduce_scatter_tensor(sm, b, kAvg));
+        else works.push_back(g.all_reduce(b, kAvg));
+      }
+    };
+    if (!in_backward) issue();
+    pass.run(in_backward ? std::function<void()>(issue) : std::function<void()>());
+    for (auto& w : works) w->wait();
+    return now_s() - t0;
+  };
+  alone();
+  beside();
+  std::vector<double> added;
+  for (int r = 0; r < 5; ++r) {
+    const double a = alone();
+    added.push_back(beside() - a);
+  }
+  // At least 1: the engine waits for every collective (an all-gather before the unit's use, a
+  // reduce-scatter before the next one is issued), so what a pass without such waits hides (a
+  // factor below 1) a step does not.
+  const double added_s = across_ranks(g, {median(added)}, /*min=*/false)[0];
+  return std::max(1.0, added_s / (count * op_alone_s));
 }
 
 // [Note: step update calibration] Seconds of the step update of one fp32 tensor by its size
@@ -232,6 +330,25 @@ std::vector<fp::UpdatePoint> step_update_points(fp::OptimizerKind kind, fsdp::co
   per_tensor_s = across_ranks(g, per_tensor_s, /*min=*/false);
   for (size_t i = 0; i < points.size(); ++i) points[i].seconds = per_tensor_s[i];
   return points;
+}
+
+// Bytes read + written per second by at::Tensor::copy_ of a 16 MiB fp32 tensor into another (a
+// unit's size: the engine copies a unit at a time), caches flushed before each (a 128 MiB buffer
+// is written: a step's compute leaves them full of other data), all ranks at once, median of 9
+// after a warm-up, the slowest rank.
+double memory_copy_rate(fsdp::comm::ProcessGroup& g) {
+  const int64_t elems = int64_t{1} << 22;
+  at::Tensor src = at::randn({elems}), dst = at::empty({elems}), flush = at::empty({int64_t{1} << 25});
+  g.barrier()->wait();
+  dst.copy_(src);
+  std::vector<double> t;
+  for (int r = 0; r < 9; ++r) {
+    flush.fill_(1.0f);
+    const double t0 = now_s();
+    dst.copy_(src);
+    t.push_back(now_s() - t0);
+  }
+  return across_ranks(g, {2.0 * 4.0 * static_cast<double>(elems) / median(t)}, /*min=*/true)[0];
 }
 
 int64_t cores_available() {
@@ -307,16 +424,30 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
     log << buf << std::endl;
   }
   std::string model_source = "model_flops_per_s: not measured (a parameter-count model has no module to run)";
-  if (m.arch.kind != fp::BlockKind::kNone) {
-    const ModelRate f32 = model_rate(m, in.step, at::kFloat, p.ranks_per_node, world);
-    const ModelRate b16 = model_rate(m, in.step, at::kBFloat16, p.ranks_per_node, world);
+  const at::ScalarType step_dtype = in.step.precision == fp::Precision::kBf16   ? at::kBFloat16
+                                    : in.step.precision == fp::Precision::kFp16 ? at::kHalf
+                                                                                : at::kFloat;
+  std::unique_ptr<TrainingPass> step_pass;  // the step's precision: for the shared-core factors
+  if (m.arch.kind == fp::BlockKind::kNone) {
+    step_pass = std::make_unique<TrainingPass>(m, in.step, step_dtype, p.ranks_per_node);
+  } else {
+    TrainingPass f32(m, in.step, at::kFloat, p.ranks_per_node);
+    p.model_flops_per_s_fp32 = model_rate(f32, world);
+    const int64_t n_layer = f32.n_layer;
+    if (step_dtype == at::kFloat) step_pass = std::make_unique<TrainingPass>(std::move(f32));
+    {
+      TrainingPass b16(m, in.step, at::kBFloat16, p.ranks_per_node);
+      p.model_flops_per_s_bf16 = model_rate(b16, world);
+      if (step_dtype == at::kBFloat16) step_pass = std::make_unique<TrainingPass>(std::move(b16));
+    }
     // fp16 only when asked for: CPUs without fp16 matmul units run it ~10x slower than bf16.
-    const bool fp16 = in.step.precision == fp::Precision::kFp16;
-    p.model_flops_per_s_fp32 = f32.flops_per_s;
-    p.model_flops_per_s_bf16 = b16.flops_per_s;
-    p.model_flops_per_s_fp16 = fp16 ? model_rate(m, in.step, at::kHalf, p.ranks_per_node, world).flops_per_s : 0.0;
+    const bool fp16 = step_dtype == at::kHalf;
+    if (fp16) {
+      step_pass = std::make_unique<TrainingPass>(m, in.step, at::kHalf, p.ranks_per_node);
+      p.model_flops_per_s_fp16 = model_rate(*step_pass, world);
+    }
     model_source = "model_flops_per_s: a training forward + backward of " + m.name + " (" +
-                   std::to_string(f32.n_layer) + " of its " + std::to_string(m.arch.n_layer) + " blocks), " +
+                   std::to_string(n_layer) + " of its " + std::to_string(m.arch.n_layer) + " blocks), " +
                    std::to_string(in.step.micro_batch_size) + " x " + std::to_string(in.step.seq_len) +
                    " tokens, cross-entropy loss; the planner's FLOPs of that module over the median seconds, "
                    "slowest rank, all ranks at once; fp16 only with --mixed-precision fp16";
@@ -328,6 +459,7 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
       log << buf << std::endl;
     }
   }
+  p.memory_copy_bytes_per_s = memory_copy_rate(world);
   // Per element: the largest tensor's rate (beyond the caches), for sizes past the points.
   p.step_update_points_adamw = step_update_points(fp::OptimizerKind::kAdamW, world);
   p.step_update_points_sgd_momentum = step_update_points(fp::OptimizerKind::kSgdMomentum, world);
@@ -341,15 +473,36 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
   // A rank's communication thread hides its collectives only on a core of its own.
   const int64_t cores = cores_available();
   p.comm_overlaps_compute = p.ranks_per_node * (flags.threads + 1) <= cores;
+  // Where communication shares the cores: what each kind costs beside a training pass.
+  std::string factor_source = "shared_core_factor: 1, not measured (communication overlaps compute)";
+  if (p.has_collectives && !p.comm_overlaps_compute) {
+    std::string line = "beside a training pass, a collective costs";
+    for (int k = 0; k < 3; ++k) {
+      const int64_t logical = (int64_t{4} << 20) / 4 / N * N * 4;
+      const double op_s = p.fits[k].alpha_s + p.fits[k].beta_s_per_byte * static_cast<double>(logical);
+      links[k]->shared_core_factor = shared_core_factor(world, kinds[k], op_s, *step_pass);
+      char buf[80];
+      std::snprintf(buf, sizeof(buf), "%s %s %.2fx", k ? "," : "", fsdp::comm::to_string(kinds[k]),
+                    links[k]->shared_core_factor);
+      line += buf;
+    }
+    if (root) log << line << " its time alone" << std::endl;
+    factor_source = "shared_core_factor: per kind, at least 1, the seconds 4 MiB fp32 collectives (about half "
+                    "a pass's time alone; all-gathers issued at the start of its forward, reductions of its backward) added to "
+                    "a training forward + backward of " + m.name +
+                    " running beside them (a parameter-count model: 1024 x 1024 matmuls), over their time alone; "
+                    "the median of 5 pairs (pass alone, pass with collectives), slowest rank, all ranks at once";
+  }
   if (root) {
     char buf[320];
     std::snprintf(buf, sizeof(buf),
                   "step update: adamw %.2f, sgd-momentum %.2f, sgd %.2f ns per element (16M-element tensors; "
-                  "adamw %.1f ns at 256k); communication %s compute "
+                  "adamw %.1f ns at 256k); tensor copies %.1f GB/s (read + written); communication %s compute "
                   "(%lld ranks x (%d + 1) threads on %lld cores)",
                   p.step_update_s_per_elem_adamw * 1e9, p.step_update_s_per_elem_sgd_momentum * 1e9,
                   p.step_update_s_per_elem_sgd * 1e9,
                   p.step_update_tensor_s(fp::OptimizerKind::kAdamW, int64_t{1} << 18) / (1 << 18) * 1e9,
+                  p.memory_copy_bytes_per_s * 1e-9,
                   p.comm_overlaps_compute ? "overlaps" : "shares the cores of",
                   static_cast<long long>(p.ranks_per_node), flags.threads, static_cast<long long>(cores));
     log << buf << std::endl;
@@ -367,8 +520,11 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
           "such tensors at a time) for the 2-norm, clip scale, the optimizer's step and zero_grad, "
           "tensor by tensor, caches flushed before each run, median of 5, slowest rank, all ranks at once; "
           "step_update_s_per_elem: the 16M-element tensor's seconds per element",
+      "memory_copy_bytes_per_s: copy_ of a 16 MiB fp32 tensor into another, caches flushed before each, bytes "
+          "read + written per second, median of 9, slowest rank, all ranks at once",
       "comm_overlaps_compute: ranks on this node x (intra-op threads + 1 communication thread) <= the cores "
           "this process may run on (" + std::to_string(cores) + ")",
+      factor_source,
       "memory_bytes: physical memory / ranks on this node"};
   return p;
 }

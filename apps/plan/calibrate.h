@@ -20,8 +20,11 @@ namespace apps::plan {
 ///    the slowest rank's rate), with flags.threads intra-op threads per rank;
 ///  - the model rate ([Note: model rate] in calibrate.cpp): a training forward + backward of the
 ///    model's module, fp32 and bf16 (fp16 when flags ask for it);
-///  - the step update's seconds per element for AdamW, SGD with and without momentum;
-///  - whether communication can overlap compute (ranks on this node x (threads + 1) <= cores);
+///  - the step update's seconds per tensor by its size for AdamW, SGD with and without momentum;
+///  - the rate of a large tensor copy (the engine's copies on the compute thread);
+///  - whether communication can overlap compute (ranks on this node x (threads + 1) <= cores) and,
+///    where it cannot, each collective kind's shared-core factor ([Note: collectives beside
+///    compute] in calibrate.cpp);
 ///  - memory per rank: physical memory / ranks on this node.
 /// Progress lines go to `log` on rank 0. Throws fsdp::Error when a collective fails.
 fsdp::planner::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& world, std::ostream& log);

@@ -130,18 +130,20 @@ std::string format_plan(const fp::Plan& p) {
         "gradients)\n"
      << mem.str() << "\n";
 
-  Table t({"strategy", "all-gather", "reduce-scatter", "all-reduce", "sent/rank", "compute", "update", "comm", "exposed",
-           "step", "tokens/s"});
+  Table t({"strategy", "all-gather", "reduce-scatter", "all-reduce", "sent/rank", "compute", "update", "copies", "comm",
+           "exposed", "step", "tokens/s"});
   auto kind = [](const fp::KindTotals& k) {
     return k.calls == 0 ? std::string("-") : std::to_string(k.calls) + " x, " + fp::format_bytes(static_cast<double>(k.logical_bytes));
   };
   for (const auto& s : p.strategies) {
     t.add({s.parallelism.label(), kind(s.traffic.all_gather), kind(s.traffic.reduce_scatter), kind(s.traffic.all_reduce),
-           b(s.traffic.wire_bytes()), seconds(s.time.compute_s), seconds(s.time.update_s), seconds(s.time.comm_s), seconds(s.time.exposed_comm_s),
+           b(s.traffic.wire_bytes()), seconds(s.time.compute_s), seconds(s.time.update_s), seconds(s.time.copy_s),
+           seconds(s.time.comm_s), seconds(s.time.exposed_comm_s),
            seconds(s.time.step_s), num(s.time.tokens_per_s, "%.3g")});
   }
   os << "Traffic per step (calls, logical bytes as CommStats counts them; sent/rank: ring bytes each rank sends) and "
-        "estimated time (compute: forward + backward; update: grad norm and clip, optimizer step, zeroing)\n"
+        "estimated time (compute: forward + backward; update: grad norm and clip, optimizer step, zeroing; copies: "
+        "the engine's casts, unshard and gradient copies)\n"
      << t.str();
   if (!p.strategies.empty() && !p.strategies.front().peak.activations_known) {
     os << "(a parameter-count model: no activations; FLOPs 6 x params x tokens)\n";

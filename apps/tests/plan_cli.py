@@ -130,6 +130,16 @@ def calibrate(bin_path, tmp):
     check(st_one["update_s"] > 0, f"an update time from the calibrated points: {st_one}")
     check(prof["comm_overlaps_compute"] == (2 * 2 <= os.cpu_count()),
           f"2 ranks x (1 + 1) threads overlap only on >= 4 cores: {prof['comm_overlaps_compute']}")
+    check(1e8 < prof["memory_copy_bytes_per_s"] < 1e13, f"a measured copy rate: {prof['memory_copy_bytes_per_s']}")
+    factors = {k: prof["collectives"][k]["shared_core_factor"] for k in ("all_gather", "reduce_scatter", "all_reduce")}
+    if prof["comm_overlaps_compute"]:
+        check(all(f == 1.0 for f in factors.values()), f"overlapping cores: no shared-core factor measured: {factors}")
+    else:
+        # Measured beside a training pass: a collective costs at least some of its time, and the
+        # factors differ from the default 1 (a measurement, not a constant).
+        check(all(0 <= f < 100 for f in factors.values()) and any(f != 1.0 for f in factors.values()),
+              f"measured shared-core factors: {factors}")
+    check(st_one["copy_s"] > 0, f"the engine's copies timed at the measured rate: {st_one}")
     doc = json.loads(plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", out, "--json").stdout)
     check(doc["profile"]["name"] == prof["name"], "--profile reads the calibrated file back")
     check(all(s["time"]["step_s"] > 0 for s in doc["strategies"]), "a step time from the calibrated rates")

@@ -53,6 +53,7 @@ json strategy_json(const StrategyPlan& s) {
                {"compute_s", s.time.compute_s},
                {"update_s", s.time.update_s},
                {"comm_s", s.time.comm_s},
+               {"copy_s", s.time.copy_s},
                {"exposed_comm_s", s.time.exposed_comm_s},
                {"step_s", s.time.step_s},
                {"tokens_per_s", s.time.tokens_per_s}};

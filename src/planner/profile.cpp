@@ -43,7 +43,7 @@ DeviceProfile dgx(const std::string& name) {
         "alpha (latency per ring step) 2 us within a node, 6 us between nodes: assumed, not from a "
         "datasheet"};
     p.sources.push_back("NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: GPU memory bandwidth 3.35TB/s (the step "
-                        "update's time: its bytes per element at this rate)");
+                        "update's time: its bytes per element at this rate; the engine's copies at this rate)");
     hbm_bytes_per_s = 3.35e12;
     p.matmul_flops_per_s_fp32 = 67e12;
     p.matmul_flops_per_s_bf16 = 989.5e12;
@@ -61,7 +61,7 @@ DeviceProfile dgx(const std::string& name) {
         "alpha (latency per ring step) 2 us within a node, 6 us between nodes: assumed, not from a "
         "datasheet"};
     p.sources.push_back("NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM: GPU memory bandwidth 2,039GB/s (the "
-                        "step update's time: its bytes per element at this rate)");
+                        "step update's time: its bytes per element at this rate; the engine's copies at this rate)");
     hbm_bytes_per_s = 2.039e12;
     p.matmul_flops_per_s_fp32 = 19.5e12;
     p.matmul_flops_per_s_bf16 = 312e12;
@@ -76,6 +76,7 @@ DeviceProfile dgx(const std::string& name) {
   p.step_update_s_per_elem_sgd_momentum =
       static_cast<double>(step_update_bytes_per_elem(O::kSgdMomentum)) / hbm_bytes_per_s;
   p.step_update_s_per_elem_sgd = static_cast<double>(step_update_bytes_per_elem(O::kSgd)) / hbm_bytes_per_s;
+  p.memory_copy_bytes_per_s = hbm_bytes_per_s;
   p.comm_overlaps_compute = true;
   return p;
 }
@@ -93,6 +94,7 @@ constexpr double kMaxSeconds = 3600.0;
 constexpr double kMaxRate = 1e18;
 constexpr double kMaxBytes = 1152921504606846976.0;  // 2^60
 constexpr int64_t kMaxNumel = int64_t{1} << 50;
+constexpr double kMaxSharedCoreFactor = 1000.0;
 
 template <typename T>
 T field(const json& j, const char* key, const std::string& where) {
@@ -253,12 +255,14 @@ std::string profile_to_json(const DeviceProfile& p) {
       if (!pts.empty()) j["step_update_points_numel_seconds"][kOptimizerKeys[k]] = pts;
     }
   }
+  j["memory_copy_bytes_per_s"] = p.memory_copy_bytes_per_s;
   j["comm_overlaps_compute"] = p.comm_overlaps_compute;
   const CollectiveLinks* links[] = {&p.all_gather, &p.reduce_scatter, &p.all_reduce};
   j["collectives"] = nullptr;  // a one-rank calibration: none measured
   for (int k = 0; k < 3 && p.has_collectives; ++k) {
     j["collectives"][kKinds[k]] = {{"intra_node", link_json(links[k]->intra_node)},
-                                   {"inter_node", link_json(links[k]->inter_node)}};
+                                   {"inter_node", link_json(links[k]->inter_node)},
+                                   {"shared_core_factor", links[k]->shared_core_factor}};
   }
   if (p.calibration_world_size > 0) {
     j["calibration"]["world_size"] = p.calibration_world_size;
@@ -314,6 +318,10 @@ DeviceProfile profile_from_json(const std::string& text) {
                                           &p.step_update_points_sgd};
     for (int k = 0; k < 3; ++k) *curves[k] = update_points_from(c, kOptimizerKeys[k]);
   }
+  p.memory_copy_bytes_per_s = rate(j, "memory_copy_bytes_per_s", "profile");
+  FSDP_CHECK(p.memory_copy_bytes_per_s > 0, ErrorKind::kCorruptData, kProfileWhere,
+             "profile: memory_copy_bytes_per_s must be > 0 (a profile calibrated before it was measured: "
+             "calibrate again)");
   p.comm_overlaps_compute = field<bool>(j, "comm_overlaps_compute", "profile");
   const json& c = j.contains("collectives") ? j.at("collectives") : json::object();
   p.has_collectives = !c.is_null();
@@ -323,6 +331,9 @@ DeviceProfile profile_from_json(const std::string& text) {
     const json& e = field<json>(c, kKinds[k], "collectives");
     links[k]->intra_node = link_from(field<json>(e, "intra_node", where), where + ".intra_node");
     links[k]->inter_node = link_from(field<json>(e, "inter_node", where), where + ".inter_node");
+    // Absent in profiles written before it was measured: 1 (a collective costs its time alone).
+    links[k]->shared_core_factor =
+        e.contains("shared_core_factor") ? non_negative(e, "shared_core_factor", where, kMaxSharedCoreFactor) : 1.0;
   }
   if (j.contains("calibration")) {
     const json& cal = j.at("calibration");

@@ -93,6 +93,23 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   const bool rep_x = group_crosses_nodes(par, GroupKind::kReplicate);
   const bool world_x = group_crosses_nodes(par, GroupKind::kWorld);
 
+  // A collective's seconds on the step's clock: its time alone, times the profile's shared-core
+  // factor where communication shares the compute cores (profile.h CollectiveLinks).
+  const bool overlaps = profile.comm_overlaps_compute;
+  auto op_s = [&](K kind, int64_t bytes, int64_t n, bool crosses) {
+    const double alone = collective_time_s(profile, kind, bytes, n, crosses);
+    return alone > 0 && !overlaps ? alone * profile.links(kind).shared_core_factor : alone;
+  };
+  // [Note: engine copies] The engine's own passes over memory on the compute thread, at the
+  // profile's copy rate (bytes read + written): an unshard casts the fp32 shard to param_dtype
+  // (when it differs) and copies the gathered buffer into the params; a reduction packs the
+  // gradients into one reduce_dtype buffer (no_shard: into its buckets) and adds the reduced rows
+  // into the fp32 sharded gradient.
+  const double copy_rate = profile.memory_copy_bytes_per_s;
+  FSDP_CHECK(copy_rate > 0, ErrorKind::kInvalidArgument, kTimeModelWhere, "profile '", profile.name,
+             "' has no memory copy rate");
+  auto copy_s = [&](int64_t bytes) { return static_cast<double>(bytes) / copy_rate; };
+  std::vector<double> unshard_copy(U, 0.0), pack_copy(U, 0.0), add_copy(U, 0.0);
   std::vector<double> fwd(U), bwd(U), ag(U, 0.0), rs(U, 0.0), rep(U, 0.0);
   double update_s = 0.0;  // the step update of this rank's trainable shards, tensor by tensor
   std::vector<std::vector<double>> buckets(U);
@@ -110,31 +127,44 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
             setup.optimizer, fsdp::shard::ParamShardSpec::make(p.shape, G).real_numel(0));
       }
     }
-    ag[u] = collective_time_s(profile, K::kAllGather, pb * n.gathered_numel, G, shard_x);
-    rs[u] = collective_time_s(profile, K::kReduceScatter, rb * n.reduce_numel, G, shard_x);
-    if (s == S::kHybridShard && G < N) {
-      rep[u] = collective_time_s(profile, K::kAllReduce, rb * n.reduce_shard_numel, N / G, rep_x);
-    }
+    // no_shard: a cast copy only when param_dtype differs (else the params are the shards).
+    if (!ddp || pb != 4) unshard_copy[u] = copy_s((pb != 4 ? (4 + pb) * n.shard_numel : 0) + 2 * pb * n.gathered_numel);
+    pack_copy[u] = copy_s((pb + rb) * (ddp ? n.trainable_numel : n.reduce_numel));
+    add_copy[u] = copy_s((rb + 4) * (ddp ? n.trainable_numel : n.real_trainable_numel));
+    ag[u] = op_s(K::kAllGather, pb * n.gathered_numel, G, shard_x);
+    rs[u] = op_s(K::kReduceScatter, rb * n.reduce_numel, G, shard_x);
+    if (s == S::kHybridShard && G < N) rep[u] = op_s(K::kAllReduce, rb * n.reduce_shard_numel, N / G, rep_x);
     if (ddp) {
       for (int64_t b : ddp_bucket_numels(model.units[u], setup.bucket_cap_bytes, rb)) {
-        buckets[u].push_back(collective_time_s(profile, K::kAllReduce, rb * b, N, world_x));
+        buckets[u].push_back(op_s(K::kAllReduce, rb * b, N, world_x));
       }
     }
   }
 
-  const bool overlaps = profile.comm_overlaps_compute;
   Queue shard_q(overlaps), rep_q(overlaps), world_q(overlaps);
-  double t = 0.0;
+  double t = 0.0, copied_s = 0.0;
+  auto copy = [&](double d) {  // an engine copy on the compute thread
+    t += d;
+    copied_s += d;
+  };
   for (int64_t mb = 0; mb < setup.accumulation_steps; ++mb) {
     const bool sync = mb + 1 == setup.accumulation_steps;
     const bool gathers = per_phase || sgo || (zero1 && mb == 0);
     std::vector<double> ready(U, 0.0);
-    std::vector<bool> gathered(U, false);
+    std::vector<bool> gathered(U, false), copied(U, false);
     int counted = 0;
     auto gather = [&](int64_t u) {
       ready[u] = shard_q.issue(t, ag[u]);
       gathered[u] = true;
+      copied[u] = false;
       if (u > 0 && bounded) ++counted;
+    };
+    // A unit's use waits for its all-gather, then copies the gathered buffer out (once per gather).
+    auto use = [&](int64_t u) {
+      if (!gathered[u]) return;
+      t = std::max(t, ready[u]);
+      if (!copied[u]) copy(unshard_copy[u]);
+      copied[u] = true;
     };
     auto release = [&](int64_t u) {
       if (!gathered[u]) return;
@@ -148,7 +178,8 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     // Forward: the root first (its embeddings cost no matmul), the blocks, then the root's head.
     for (int64_t u = 0; u < U; ++u) {
       if (gathers && has[u] && !gathered[u]) gather(u);
-      if (gathered[u]) t = std::max(t, ready[u]);
+      use(u);
+      if (ddp && mb == 0) copy(unshard_copy[u]);  // a cast copy of the changed shards (0 without a cast)
       if (setup.forward_prefetch && may_prefetch(u + 1)) gather(u + 1);
       if (u > 0) {
         t += fwd[u];
@@ -163,9 +194,11 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     auto finish = [&](int64_t u) {
       t = std::max(t, rs_done[u]);
       if (rep[u] > 0) t = rep_q.issue(t, rep[u]);  // blocking, on the compute thread
+      copy(add_copy[u]);
     };
     auto reduce = [&](int64_t u) {
       if (!sync || !trains[u]) return;
+      copy(pack_copy[u]);
       if (ddp) {
         for (double d : buckets[u]) world_q.issue(t, d);
         return;
@@ -176,7 +209,7 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     };
     for (int64_t u = U - 1; u >= 1; --u) {
       if (per_phase && has[u] && !gathered[u]) gather(u);
-      if (gathered[u]) t = std::max(t, ready[u]);
+      use(u);
       if (per_phase && setup.backward_prefetch && u - 1 >= 1 && may_prefetch(u - 1)) gather(u - 1);
       t += bwd[u];
       reduce(u);
@@ -184,23 +217,27 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     }
     reduce(0);  // the root's, from the end-of-backward callback
     if (pending >= 0) finish(pending);
-    if (ddp) t = std::max(t, world_q.free_at());
+    if (ddp && sync) {
+      t = std::max(t, world_q.free_at());
+      for (int64_t u = 0; u < U; ++u) copy(trains[u] ? add_copy[u] : 0.0);  // buckets into the gradients
+    }
   }
   // After backward, on the compute thread: the finite check, the grad norm and the update.
-  if (setup.nonfinite_check) t = world_q.issue(t, collective_time_s(profile, K::kAllReduce, 8 * N, N, world_x));
-  if (setup.clip_grad_norm) t = world_q.issue(t, collective_time_s(profile, K::kAllReduce, 16, N, world_x));
-  if (setup.loss_scaling) t = world_q.issue(t, collective_time_s(profile, K::kAllReduce, 8, N, world_x));
+  if (setup.nonfinite_check) t = world_q.issue(t, op_s(K::kAllReduce, 8 * N, N, world_x));
+  if (setup.clip_grad_norm) t = world_q.issue(t, op_s(K::kAllReduce, 16, N, world_x));
+  if (setup.loss_scaling) t = world_q.issue(t, op_s(K::kAllReduce, 8, N, world_x));
   t += update_s;
 
   StepTime r;
   r.flops = step_flops(model, setup);
   r.compute_s = r.flops / rate;
   r.update_s = update_s;
+  r.copy_s = copied_s;
   for (const auto& c : step_traffic(model, par, setup).calls) {
-    r.comm_s += collective_time_s(profile, c.kind, c.logical_bytes, c.group_size, c.crosses_nodes);
+    r.comm_s += op_s(c.kind, c.logical_bytes, c.group_size, c.crosses_nodes);
   }
   r.step_s = t;
-  r.exposed_comm_s = std::max(0.0, t - r.compute_s - r.update_s);
+  r.exposed_comm_s = std::max(0.0, t - r.compute_s - r.update_s - r.copy_s);
   r.tokens_per_s = static_cast<double>(N * setup.accumulation_steps * setup.micro_batch_size * setup.seq_len) / t;
   return r;
 }

@@ -364,6 +364,33 @@ TEST(PlannerMemory, TiedHeadGradientsAsMeasured) {
   }
 }
 
+// [Note: engine copies] in closed form, fp32 at N = 1 (no padding, no cast): no_shard packs its
+// buckets and adds them into the gradients (8 + 8 bytes per trainable element); full_shard copies
+// each gathered unit into the params (8 bytes per element: the root once, a block in forward and
+// again in backward), packs (8) and adds (8) the gradients. Bytes over the profile's copy rate.
+TEST(PlannerTime, EngineCopiesInClosedForm) {
+  const fp::ModelSpec m = fp::gpt_model(fp::gpt_shape("micro", 8192));
+  fp::DeviceProfile p = fp::builtin_profile("h100");
+  p.memory_copy_bytes_per_s = 1e10;
+  fp::StepSetup st;  // fp32, AdamW
+  double root = 0, blocks = 0;
+  for (size_t u = 0; u < m.units.size(); ++u) (u == 0 ? root : blocks) += static_cast<double>(m.units[u].numel());
+  const double all = root + blocks;  // every micro param is trainable
+  EXPECT_NEAR(fp::estimate_step_time(m, par(S::kNoShard, 1), st, p).copy_s, 16 * all / 1e10, 1e-12);
+  EXPECT_NEAR(fp::estimate_step_time(m, par(S::kFullShard, 1), st, p).copy_s, (8 * (root + 2 * blocks) + 16 * all) / 1e10,
+              1e-12);
+  // bf16 params: no_shard casts every fp32 row (4 + 2) and copies it into the params (2 + 2) once per
+  // step, packs the bf16 gradients into bf16 buckets (2 + 2) and adds them into fp32 (2 + 4).
+  st.precision = fp::Precision::kBf16;
+  EXPECT_NEAR(fp::estimate_step_time(m, par(S::kNoShard, 1), st, p).copy_s, (10 + 4 + 6) * all / 1e10, 1e-12);
+  // Halving the rate doubles the copies and nothing else.
+  const fp::StepTime a = fp::estimate_step_time(m, par(S::kFullShard, 4), st, p);
+  p.memory_copy_bytes_per_s /= 2;
+  const fp::StepTime b = fp::estimate_step_time(m, par(S::kFullShard, 4), st, p);
+  EXPECT_NEAR(b.copy_s, 2 * a.copy_s, 1e-12);
+  EXPECT_NEAR(b.step_s - a.step_s, a.copy_s, 1e-9);
+}
+
 TEST(PlannerTime, ComputeAndCommunicationLimits) {
   const fp::ModelSpec m = fp::llama_model(fp::llama_shape("llama2-7b"));
   fp::StepSetup st;
@@ -377,7 +404,7 @@ TEST(PlannerTime, ComputeAndCommunicationLimits) {
   EXPECT_DOUBLE_EQ(one.flops, 6 * N * tokens + 12.0 * 32 * 4096 * 4096 * tokens);
   EXPECT_EQ(fp::step_update_bytes_per_elem(fp::OptimizerKind::kAdamW), 40);
   EXPECT_NEAR(one.update_s, static_cast<double>(m.num_params()) * 40 / 3.35e12, 1e-9 * one.update_s);
-  EXPECT_NEAR(one.step_s, one.compute_s + one.update_s, 1e-12 * one.compute_s);
+  EXPECT_NEAR(one.step_s, one.compute_s + one.update_s + one.copy_s, 1e-12 * one.compute_s);
   EXPECT_DOUBLE_EQ(one.compute_s, one.flops / 989.5e12);
   // Sharded: the update covers this rank's shard only.
   EXPECT_NEAR(fp::estimate_step_time(m, par(S::kFullShard, 8), st, h100).update_s, one.update_s / 8,
@@ -387,7 +414,7 @@ TEST(PlannerTime, ComputeAndCommunicationLimits) {
     const fp::StepTime t = fp::estimate_step_time(m, par(s, 16, 0, 8), st, h100);
     EXPECT_GE(t.step_s, t.compute_s) << fsdp::to_string(s);
     EXPECT_GE(t.step_s + 1e-12, t.comm_s) << fsdp::to_string(s) << ": one queue runs every collective in turn";
-    EXPECT_NEAR(t.exposed_comm_s, t.step_s - t.compute_s - t.update_s, 1e-12);
+    EXPECT_NEAR(t.exposed_comm_s, t.step_s - t.compute_s - t.update_s - t.copy_s, 1e-12);
   }
   // Where communication shares the compute cores nothing hides: the step is the sum of compute,
   // update and every collective of the step's traffic (the replay and step_traffic agree).
@@ -395,11 +422,25 @@ TEST(PlannerTime, ComputeAndCommunicationLimits) {
   cpu.comm_overlaps_compute = false;
   for (S s : {S::kNoShard, S::kZero1, S::kShardGradOp, S::kFullShard}) {
     const fp::StepTime t = fp::estimate_step_time(m, par(s, 16, 0, 8), st, cpu);
-    EXPECT_NEAR(t.step_s, t.compute_s + t.update_s + t.comm_s, 1e-9 * t.step_s) << fsdp::to_string(s);
+    EXPECT_NEAR(t.step_s, t.compute_s + t.update_s + t.copy_s + t.comm_s, 1e-9 * t.step_s) << fsdp::to_string(s);
     EXPECT_GT(t.step_s, fp::estimate_step_time(m, par(s, 16, 0, 8), st, h100).step_s) << fsdp::to_string(s);
   }
   fp::StepTime hy = fp::estimate_step_time(m, par(S::kHybridShard, 16, 8, 8), st, cpu);
-  EXPECT_NEAR(hy.step_s, hy.compute_s + hy.update_s + hy.comm_s, 1e-9 * hy.step_s);
+  EXPECT_NEAR(hy.step_s, hy.compute_s + hy.update_s + hy.copy_s + hy.comm_s, 1e-9 * hy.step_s);
+  // Shared cores: each kind's collectives cost shared_core_factor times their time alone.
+  fp::DeviceProfile slow = cpu;
+  slow.all_gather.shared_core_factor = slow.reduce_scatter.shared_core_factor = slow.all_reduce.shared_core_factor = 2.5;
+  for (S s : {S::kNoShard, S::kFullShard}) {
+    const fp::StepTime a = fp::estimate_step_time(m, par(s, 16, 0, 8), st, cpu);
+    const fp::StepTime b = fp::estimate_step_time(m, par(s, 16, 0, 8), st, slow);
+    EXPECT_NEAR(b.comm_s, 2.5 * a.comm_s, 1e-9 * b.comm_s) << fsdp::to_string(s);
+    EXPECT_NEAR(b.step_s - a.step_s, 1.5 * a.comm_s, 1e-9 * b.step_s) << fsdp::to_string(s);
+  }
+  // Overlapping communication ignores the factor.
+  fp::DeviceProfile h100_slow = h100;
+  h100_slow.all_reduce.shared_core_factor = 10;
+  EXPECT_DOUBLE_EQ(fp::estimate_step_time(m, par(S::kNoShard, 16, 0, 8), st, h100_slow).step_s,
+                   fp::estimate_step_time(m, par(S::kNoShard, 16, 0, 8), st, h100).step_s);
   // A measured model rate replaces the matmul rate x efficiency.
   cpu.model_flops_per_s_bf16 = 100e12;
   cpu.compute_efficiency = 0.5;

@@ -181,11 +181,31 @@ TEST(PlannerProfile, BuiltinsRoundTripThroughJson) {
     EXPECT_DOUBLE_EQ(b.step_update_s_per_elem_adamw, a.step_update_s_per_elem_adamw);
     EXPECT_DOUBLE_EQ(b.step_update_s_per_elem_sgd, a.step_update_s_per_elem_sgd);
     EXPECT_EQ(b.comm_overlaps_compute, a.comm_overlaps_compute);
+    EXPECT_DOUBLE_EQ(b.memory_copy_bytes_per_s, a.memory_copy_bytes_per_s);
+    EXPECT_DOUBLE_EQ(b.all_gather.shared_core_factor, 1.0);
     EXPECT_GT(a.step_update_s_per_elem_adamw, a.step_update_s_per_elem_sgd_momentum);
     EXPECT_FALSE(a.sources.empty());
   }
   EXPECT_DOUBLE_EQ(fp::builtin_profile("h100").matmul_flops_per_s_bf16, 989.5e12);
   EXPECT_DOUBLE_EQ(fp::builtin_profile("a100").matmul_flops_per_s_fp32, 19.5e12);
+  EXPECT_DOUBLE_EQ(fp::builtin_profile("h100").memory_copy_bytes_per_s, 3.35e12);  // the HBM bandwidth
+  // The shared-core factor round-trips; a profile written before it was measured reads as 1; a
+  // profile without a copy rate is refused with the field named.
+  {
+    fp::DeviceProfile c = fp::builtin_profile("a100");
+    c.reduce_scatter.shared_core_factor = 1.75;
+    EXPECT_DOUBLE_EQ(fp::profile_from_json(fp::profile_to_json(c)).reduce_scatter.shared_core_factor, 1.75);
+    nlohmann::json j = nlohmann::json::parse(fp::profile_to_json(c));
+    j["collectives"]["reduce_scatter"].erase("shared_core_factor");
+    EXPECT_DOUBLE_EQ(fp::profile_from_json(j.dump()).reduce_scatter.shared_core_factor, 1.0);
+    j.erase("memory_copy_bytes_per_s");
+    try {
+      fp::profile_from_json(j.dump());
+      ADD_FAILURE() << "a profile without memory_copy_bytes_per_s accepted";
+    } catch (const fsdp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("memory_copy_bytes_per_s"), std::string::npos) << e.what();
+    }
+  }
   try {
     fp::profile_from_json(R"({"name": "x", "memory_bytes": 1})");
     ADD_FAILURE() << "a profile without ranks_per_node accepted";
@@ -235,7 +255,11 @@ TEST(PlannerProfile, StepUpdatePointsPerTensor) {
            {{"step_update_s_per_elem", "adamw"}, 1e300, "step_update_s_per_elem.adamw"},
            {{"collectives", "all_gather", "intra_node", "alpha_s"}, 1e300, "all_gather.intra_node.alpha_s"},
            {{"model_flops_per_s", "fp32"}, 1e-300, "model_flops_per_s.fp32"},
-           {{"matmul_flops_per_s", "bf16"}, 1e300, "matmul_flops_per_s.bf16"}}) {
+           {{"matmul_flops_per_s", "bf16"}, 1e300, "matmul_flops_per_s.bf16"},
+           {{"memory_copy_bytes_per_s"}, 1e-300, "memory_copy_bytes_per_s"},
+           {{"memory_copy_bytes_per_s"}, 0.0, "memory_copy_bytes_per_s"},
+           {{"collectives", "all_reduce", "shared_core_factor"}, 1e300, "all_reduce.shared_core_factor"},
+           {{"collectives", "all_reduce", "shared_core_factor"}, -1.0, "all_reduce.shared_core_factor"}}) {
     nlohmann::json k = nlohmann::json::parse(fp::profile_to_json(fp::builtin_profile("a100")));
     nlohmann::json* at = &k;
     for (const auto& key : ptr) at = &(*at)[key];
@@ -280,7 +304,7 @@ TEST(PlannerProfile, OneRankCalibrationPlansOneRankOnly) {
   const fp::ModelSpec m = fp::gpt_model(fp::gpt_shape("micro", 8192));
   fp::StepSetup st;
   const fp::StepTime one = fp::estimate_step_time(m, par(S::kFullShard, 1), st, q);
-  EXPECT_NEAR(one.step_s, one.compute_s + one.update_s, 1e-12);
+  EXPECT_NEAR(one.step_s, one.compute_s + one.update_s + one.copy_s, 1e-12);
   try {
     fp::estimate_step_time(m, par(S::kFullShard, 2), st, q);
     ADD_FAILURE() << "a one-rank profile planned N = 2";

@@ -23,6 +23,14 @@ struct LinkProfile {
 struct CollectiveLinks {
   LinkProfile intra_node;
   LinkProfile inter_node;
+  /// Where communication shares the compute cores (DeviceProfile::comm_overlaps_compute false):
+  /// the seconds a collective of this kind adds to a training step's compute per second it takes
+  /// alone (the links' figures), measured with the collectives running beside the model's
+  /// forward + backward ([Note: collectives beside compute] in the calibration). Both threads
+  /// slow down when they share cores, and a rank whose communication thread waits for its peer's
+  /// keeps a core busy: the factor is often above 1. 1 where not measured; unused where
+  /// communication overlaps compute.
+  double shared_core_factor = 1.0;
 };
 
 /// One point of a calibration: a collective of `logical_bytes` took `seconds` (median).
@@ -80,6 +88,11 @@ struct DeviceProfile {
   std::vector<UpdatePoint> step_update_points_adamw;
   std::vector<UpdatePoint> step_update_points_sgd_momentum;
   std::vector<UpdatePoint> step_update_points_sgd;
+  /// Bytes per second (read plus written) of a large tensor copy on one rank, all ranks at once:
+  /// the rate of the engine's own copies on the compute thread (unsharding a gathered buffer into
+  /// the params, packing gradients for a reduction, casts, adding a reduced shard into the
+  /// gradient; time_model.h). Datasheet profiles: the memory bandwidth.
+  double memory_copy_bytes_per_s = 0.0;
   /// Whether a collective runs beside compute without slowing it (GPUs: copy engines and NCCL's
   /// own SMs). False where communication needs the cores compute runs on (a calibrated CPU
   /// machine whose ranks, each with a communication thread, use every core): the time model then

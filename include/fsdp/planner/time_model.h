@@ -37,8 +37,9 @@ struct StepTime {
   double flops = 0.0;           ///< per rank per step
   double compute_s = 0.0;       ///< flops / profile rate for the precision
   double update_s = 0.0;        ///< the step update: sum over this rank's trainable shards of step_update_tensor_s
-  double comm_s = 0.0;          ///< sum of the modeled durations of every collective of the step
-  double exposed_comm_s = 0.0;  ///< step_s - compute_s - update_s: communication compute did not hide
+  double comm_s = 0.0;          ///< sum of the modeled durations of every collective (shared-core factor included)
+  double copy_s = 0.0;          ///< the engine's copies on the compute thread ([Note: engine copies])
+  double exposed_comm_s = 0.0;  ///< step_s - compute_s - update_s - copy_s: communication compute did not hide
   double step_s = 0.0;
   double tokens_per_s = 0.0;    ///< all ranks: world x accumulation x micro x seq / step_s
 };
@@ -50,9 +51,15 @@ struct StepTime {
 /// replica all-reduce after it on the compute thread; no_shard's buckets issued as each unit's
 /// backward ends and waited for at the end; the root's reduce-scatter at the end of backward; the
 /// finite-check and grad-norm all-reduces after backward, then the step update (over the rank's
-/// trainable shards, one tensor per parameter, the profile's step_update_tensor_s). Where the profile's
+/// trainable shards, one tensor per parameter, the profile's step_update_tensor_s). The engine's
+/// copies run on the compute thread at the profile's memory_copy_bytes_per_s, bytes read plus
+/// written: each unshard's cast of the fp32 shard to param_dtype when it differs (S (4 + p)) and
+/// copy of the gathered buffer into the params (2 p G S); each reduction's packing of the
+/// gradients (p + r per element of the reduce-scatter input; no_shard: of its trainable elements)
+/// and the add of the reduced rows into the fp32 sharded gradient (r + 4 per real element); no_shard
+/// copies only with a cast (p, r: param and reduce dtype bytes; S: shard elements). Where the profile's
 /// communication shares the compute cores (comm_overlaps_compute false) every collective also
-/// takes its time from the compute thread: nothing hides.
+/// takes its time from the compute thread, times its kind's shared_core_factor: nothing hides.
 /// Throws fsdp::Error (kInvalidArgument) for a bad parallelism or setup, or a profile with no rate.
 StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, const StepSetup& setup,
                             const DeviceProfile& profile);
