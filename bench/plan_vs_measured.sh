@@ -8,8 +8,9 @@
 #   bash bench/plan_vs_measured.sh [OUT_DIR]      (env: BIN=build/bin PRESETS="micro gpt2"
 #                                                  NRANKS="1 2 4" STEPS=6 GLOBAL_BATCH=4 SEQ_LEN=64
 #                                                  STRATEGIES="no_shard zero1 ...")
+#   python3 bench/pvm_summary.py OUT_DIR           (the tables of docs/BENCHMARKS.md)
 #
-# CPU-heavy (gpt2 at N = 4 oversubscribes 2 cores): about 15 minutes on 2 cores. Each run is
+# CPU-heavy (gpt2 at N = 4 oversubscribes 2 cores): about 21 minutes on 2 cores. Each run is
 # calibrated with N ranks at once, as it runs (N = 1: one rank, no collectives).
 set -euo pipefail
 OUT=${1:-out/plan_vs_measured}
