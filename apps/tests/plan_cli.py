@@ -135,10 +135,10 @@ def calibrate(bin_path, tmp):
     if prof["comm_overlaps_compute"]:
         check(all(f == 1.0 for f in factors.values()), f"overlapping cores: no shared-core factor measured: {factors}")
     else:
-        # Measured beside a training pass: a collective costs at least some of its time, and the
-        # factors differ from the default 1 (a measurement, not a constant).
-        check(all(0 <= f < 100 for f in factors.values()) and any(f != 1.0 for f in factors.values()),
-              f"measured shared-core factors: {factors}")
+        # Measured beside a training pass: at least 1 (a step waits for its collectives), bounded.
+        check(all(1.0 <= f < 1000 for f in factors.values()), f"measured shared-core factors: {factors}")
+        check(any(s.startswith("shared_core_factor: per kind") for s in prof["sources"]),
+              f"the profile says how the factors were measured: {prof['sources']}")
     check(st_one["copy_s"] > 0, f"the engine's copies timed at the measured rate: {st_one}")
     doc = json.loads(plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", out, "--json").stdout)
     check(doc["profile"]["name"] == prof["name"], "--profile reads the calibrated file back")

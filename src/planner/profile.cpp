@@ -318,10 +318,13 @@ DeviceProfile profile_from_json(const std::string& text) {
                                           &p.step_update_points_sgd};
     for (int k = 0; k < 3; ++k) *curves[k] = update_points_from(c, kOptimizerKeys[k]);
   }
-  p.memory_copy_bytes_per_s = rate(j, "memory_copy_bytes_per_s", "profile");
-  FSDP_CHECK(p.memory_copy_bytes_per_s > 0, ErrorKind::kCorruptData, kProfileWhere,
-             "profile: memory_copy_bytes_per_s must be > 0 (a profile calibrated before it was measured: "
-             "calibrate again)");
+  FSDP_CHECK(j.contains("memory_copy_bytes_per_s"), ErrorKind::kCorruptData, kProfileWhere,
+             "profile: no field 'memory_copy_bytes_per_s' (a profile calibrated before the copy rate was "
+             "measured: calibrate again)");
+  p.memory_copy_bytes_per_s = field<double>(j, "memory_copy_bytes_per_s", "profile");
+  FSDP_CHECK(p.memory_copy_bytes_per_s >= 1.0 && p.memory_copy_bytes_per_s <= kMaxRate, ErrorKind::kCorruptData,
+             kProfileWhere, "profile: memory_copy_bytes_per_s must be in [1, ", kMaxRate, "] bytes per second, got ",
+             p.memory_copy_bytes_per_s);
   p.comm_overlaps_compute = field<bool>(j, "comm_overlaps_compute", "profile");
   const json& c = j.contains("collectives") ? j.at("collectives") : json::object();
   p.has_collectives = !c.is_null();
@@ -332,8 +335,13 @@ DeviceProfile profile_from_json(const std::string& text) {
     links[k]->intra_node = link_from(field<json>(e, "intra_node", where), where + ".intra_node");
     links[k]->inter_node = link_from(field<json>(e, "inter_node", where), where + ".inter_node");
     // Absent in profiles written before it was measured: 1 (a collective costs its time alone).
-    links[k]->shared_core_factor =
-        e.contains("shared_core_factor") ? non_negative(e, "shared_core_factor", where, kMaxSharedCoreFactor) : 1.0;
+    if (e.contains("shared_core_factor")) {
+      const double f = non_negative(e, "shared_core_factor", where, kMaxSharedCoreFactor);
+      FSDP_CHECK(f >= 1.0, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
+                 ".shared_core_factor must be in [1, ", kMaxSharedCoreFactor, "] (a collective costs a step at least "
+                 "its time alone where it shares the cores), got ", f);
+      links[k]->shared_core_factor = f;
+    }
   }
   if (j.contains("calibration")) {
     const json& cal = j.at("calibration");

@@ -259,7 +259,10 @@ TEST(PlannerProfile, StepUpdatePointsPerTensor) {
            {{"memory_copy_bytes_per_s"}, 1e-300, "memory_copy_bytes_per_s"},
            {{"memory_copy_bytes_per_s"}, 0.0, "memory_copy_bytes_per_s"},
            {{"collectives", "all_reduce", "shared_core_factor"}, 1e300, "all_reduce.shared_core_factor"},
-           {{"collectives", "all_reduce", "shared_core_factor"}, -1.0, "all_reduce.shared_core_factor"}}) {
+           {{"collectives", "all_reduce", "shared_core_factor"}, -1.0, "all_reduce.shared_core_factor"},
+           {{"collectives", "all_reduce", "shared_core_factor"}, 0.5, "all_reduce.shared_core_factor"},
+           {{"memory_copy_bytes_per_s"}, -1e9, "memory_copy_bytes_per_s"},
+           {{"memory_copy_bytes_per_s"}, 1e300, "memory_copy_bytes_per_s"}}) {
     nlohmann::json k = nlohmann::json::parse(fp::profile_to_json(fp::builtin_profile("a100")));
     nlohmann::json* at = &k;
     for (const auto& key : ptr) at = &(*at)[key];

@@ -28,8 +28,9 @@ struct CollectiveLinks {
   /// alone (the links' figures), measured with the collectives running beside the model's
   /// forward + backward ([Note: collectives beside compute] in the calibration). Both threads
   /// slow down when they share cores, and a rank whose communication thread waits for its peer's
-  /// keeps a core busy: the factor is often above 1. 1 where not measured; unused where
-  /// communication overlaps compute.
+  /// keeps a core busy: the factor is often above 1. At least 1 (the engine waits for every
+  /// collective: what runs beside a pass without such waits a step does not hide); 1 where not
+  /// measured; unused where communication overlaps compute.
   double shared_core_factor = 1.0;
 };
 
