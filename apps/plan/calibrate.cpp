@@ -47,18 +47,21 @@ std::vector<double> across_ranks(fsdp::comm::ProcessGroup& g, std::vector<double
   return std::vector<double>(p, p + v.size());
 }
 
-// The engine's reductions average (a sum, then a division on the communication thread).
-constexpr fsdp::comm::ReduceOp kAvg = fsdp::comm::ReduceOp::kAvg;
+// Issues one collective of `kind` over (world x S) `big` and (S) `small`, as the engine does: the
+// reductions average (a sum, then a division on the communication thread). Non-blocking.
+fsdp::comm::WorkPtr issue_collective(fsdp::comm::ProcessGroup& g, CollectiveKind kind, const at::Tensor& big,
+                                     const at::Tensor& small) {
+  constexpr fsdp::comm::ReduceOp kAvg = fsdp::comm::ReduceOp::kAvg;
+  if (kind == CollectiveKind::kAllGather) return g.all_gather_into_tensor(big, small);
+  if (kind == CollectiveKind::kReduceScatter) return g.reduce_scatter_tensor(small, big, kAvg);
+  return g.all_reduce(big, kAvg);
+}
 
 // Seconds of one collective of `bytes` logical bytes (fp32), measured `reps` times after a warm-up.
 std::vector<double> time_collective(fsdp::comm::ProcessGroup& g, CollectiveKind kind, int64_t bytes, int reps) {
   const int64_t n = g.size(), elems = std::max<int64_t>(n, bytes / 4 / n * n);
   at::Tensor big = at::zeros({elems}, at::kFloat), small = at::zeros({elems / n}, at::kFloat);
-  auto run = [&] {
-    if (kind == CollectiveKind::kAllGather) g.all_gather_into_tensor(big, small)->wait();
-    else if (kind == CollectiveKind::kReduceScatter) g.reduce_scatter_tensor(small, big, kAvg)->wait();
-    else g.all_reduce(big, kAvg)->wait();
-  };
+  auto run = [&] { issue_collective(g, kind, big, small)->wait(); };
   run();
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
@@ -253,13 +256,7 @@ double shared_core_factor(fsdp::comm::ProcessGroup& g, CollectiveKind kind, doub
     const double t0 = now_s();
     std::vector<fsdp::comm::WorkPtr> works;
     auto issue = [&] {
-      for (int i = 0; i < count; ++i) {
-        at::Tensor& b = big[i % kPool];
-        at::Tensor& sm = small[i % kPool];
-        if (kind == CollectiveKind::kAllGather) works.push_back(g.all_gather_into_tensor(b, sm));
-        else if (kind == CollectiveKind::kReduceScatter) works.push_back(g.reduce_scatter_tensor(sm, b, kAvg));
-        else works.push_back(g.all_reduce(b, kAvg));
-      }
+      for (int i = 0; i < count; ++i) works.push_back(issue_collective(g, kind, big[i % kPool], small[i % kPool]));
     };
     if (!in_backward) issue();
     pass.run(in_backward ? std::function<void()>(issue) : std::function<void()>());

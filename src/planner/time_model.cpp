@@ -105,6 +105,7 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   // (when it differs) and copies the gathered buffer into the params; a reduction packs the
   // gradients into one reduce_dtype buffer (no_shard: into its buckets) and adds the reduced rows
   // into the fp32 sharded gradient.
+  constexpr int64_t kMasterBytes = 4;  // fp32 master rows and sharded gradients
   const double copy_rate = profile.memory_copy_bytes_per_s;
   FSDP_CHECK(copy_rate > 0, ErrorKind::kInvalidArgument, kTimeModelWhere, "profile '", profile.name,
              "' has no memory copy rate");
@@ -128,9 +129,12 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
       }
     }
     // no_shard: a cast copy only when param_dtype differs (else the params are the shards).
-    if (!ddp || pb != 4) unshard_copy[u] = copy_s((pb != 4 ? (4 + pb) * n.shard_numel : 0) + 2 * pb * n.gathered_numel);
+    const bool cast = pb != kMasterBytes;
+    if (!ddp || cast) {
+      unshard_copy[u] = copy_s((cast ? (kMasterBytes + pb) * n.shard_numel : 0) + 2 * pb * n.gathered_numel);
+    }
     pack_copy[u] = copy_s((pb + rb) * (ddp ? n.trainable_numel : n.reduce_numel));
-    add_copy[u] = copy_s((rb + 4) * (ddp ? n.trainable_numel : n.real_trainable_numel));
+    add_copy[u] = copy_s((rb + kMasterBytes) * (ddp ? n.trainable_numel : n.real_trainable_numel));
     ag[u] = op_s(K::kAllGather, pb * n.gathered_numel, G, shard_x);
     rs[u] = op_s(K::kReduceScatter, rb * n.reduce_numel, G, shard_x);
     if (s == S::kHybridShard && G < N) rep[u] = op_s(K::kAllReduce, rb * n.reduce_shard_numel, N / G, rep_x);
@@ -219,7 +223,9 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     if (pending >= 0) finish(pending);
     if (ddp && sync) {
       t = std::max(t, world_q.free_at());
-      for (int64_t u = 0; u < U; ++u) copy(trains[u] ? add_copy[u] : 0.0);  // buckets into the gradients
+      for (int64_t u = 0; u < U; ++u) {
+        if (trains[u]) copy(add_copy[u]);  // buckets into the gradients
+      }
     }
   }
   // After backward, on the compute thread: the finite check, the grad norm and the update.
