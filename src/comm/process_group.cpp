@@ -195,6 +195,15 @@ std::string ProcessGroup::dump_flight_recorder(const std::string& reason) {
 }
 
 void ProcessGroup::run_op(Op& op) {
+  if (op.after) {
+    // A dependency on another group's op: its error is reported by its own Work; this op runs
+    // regardless, so that every rank of this group keeps the same sequence of ops.
+    try {
+      op.after->wait();
+    } catch (...) {
+    }
+    op.after.reset();
+  }
   const double t0 = now_s();
   recorder_->mark_running(op.record_id, t0);
   std::exception_ptr err;
@@ -250,7 +259,7 @@ void ProcessGroup::run_op(Op& op) {
   op.work->finish(err, t1 - t0);
 }
 
-WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn) {
+WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn, WorkPtr after) {
   auto work = std::make_shared<Work>();
   std::unique_lock<std::mutex> lock(mu_);
   const ErrorContext where{rank_, d.tag ? d.tag->unit : "", to_string(d.kind)};
@@ -288,8 +297,9 @@ WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn) {
   if (op.counted) stats_->record_issue(d.kind, op.bytes, split_by_host(d.kind, op.bytes, size_, ranks_on_my_host_));
   op.fn = std::move(fn);
   op.work = work;
+  op.after = std::move(after);
   if (size_ == 1) {
-    // Nothing to wait for: run inline. Every op of this group runs inline, so issue order is kept.
+    // No peer to wait for: run inline. Every op of this group runs inline, so issue order is kept.
     lock.unlock();
     run_op(op);
     return work;
@@ -389,18 +399,18 @@ WorkPtr ProcessGroup::reduce_scatter_tensor(at::Tensor output, at::Tensor input,
   });
 }
 
-WorkPtr ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp rop, const OpTag& tag) {
+WorkPtr ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp rop, const OpTag& tag, WorkPtr after) {
   const char* op = "all_reduce";
   check_tensor(op, "tensor", tensor);
   check_reducible(rank_, op, tensor);
   const Described d{CollectiveKind::kAllReduce, &tensor, rop, -1, &tag, static_cast<int64_t>(tensor.nbytes())};
-  if (size_ == 1) return enqueue(d, [] {});
+  if (size_ == 1) return enqueue(d, [] {});  // the identity: nothing to wait for
   if (is_half(tensor.scalar_type())) {
-    return enqueue(d, [this, tensor, rop] { all_reduce_low_precision(tensor, rop); });
+    return enqueue(d, [this, tensor, rop] { all_reduce_low_precision(tensor, rop); }, std::move(after));
   }
-  return enqueue(d, [this, tensor, rop] {
-    reduce_with(*backend_, tensor, rop, [&](ReduceOp o) { backend_->all_reduce(tensor, o); });
-  });
+  return enqueue(
+      d, [this, tensor, rop] { reduce_with(*backend_, tensor, rop, [&](ReduceOp o) { backend_->all_reduce(tensor, o); }); },
+      std::move(after));
 }
 
 WorkPtr ProcessGroup::all_to_all(at::Tensor output, at::Tensor input, const OpTag& tag) {

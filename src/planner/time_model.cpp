@@ -20,9 +20,10 @@ const ErrorContext kTimeModelWhere{-1, "", "planner time model"};
 class Queue {
  public:
   explicit Queue(bool overlaps) : overlaps_(overlaps) {}
-  // Issues an op of duration d at compute time t; returns when it completes.
-  double issue(double& t, double d) {
-    free_at_ = std::max(t, free_at_) + d;
+  // Issues an op of duration d at compute time t that starts once `ready` has passed (another
+  // queue's op it depends on); returns when it completes.
+  double issue(double& t, double d, double ready = 0.0) {
+    free_at_ = std::max({t, free_at_, ready}) + d;
     if (!overlaps_) t = free_at_;
     return free_at_;
   }
@@ -197,7 +198,6 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     std::vector<double> rs_done(U, 0.0);
     auto finish = [&](int64_t u) {
       t = std::max(t, rs_done[u]);
-      if (rep[u] > 0) t = rep_q.issue(t, rep[u]);  // blocking, on the compute thread
       copy(add_copy[u]);
     };
     auto reduce = [&](int64_t u) {
@@ -208,6 +208,8 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
         return;
       }
       rs_done[u] = shard_q.issue(t, rs[u]);
+      // hybrid's replica all-reduce, issued with it, starts once the reduce-scatter is done
+      if (rep[u] > 0) rs_done[u] = rep_q.issue(t, rep[u], rs_done[u]);
       if (pending >= 0) finish(pending);
       pending = u;
     };

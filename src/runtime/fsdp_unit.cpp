@@ -224,7 +224,7 @@ void FSDPUnit::reduce_pending_grads() {
     return;
   }
   reduce_ = std::make_unique<detail::ReduceScatterResult>(detail::foreach_reduce_scatter(
-      params_, reduce_index_, reduce_layout_, *shard_group_, reduce_dtype_,
+      params_, reduce_index_, reduce_layout_, *shard_group_, replicate_group_.get(), reduce_dtype_,
       comm::OpTag{name_, "backward (accumulated)"}));
 }
 
@@ -423,7 +423,8 @@ void FSDPUnit::post_backward() {
   if (!reduce_index_.empty() && requires_gradient_sync_ && traits_->grad_sync == detail::GradSync::kReduceScatter) {
     finish_reduce_scatter();  // a unit used twice: its first reduce-scatter lands first
     reduce_ = std::make_unique<detail::ReduceScatterResult>(detail::foreach_reduce_scatter(
-        params_, reduce_index_, reduce_layout_, *shard_group_, reduce_dtype_, comm::OpTag{name_, "backward"}));
+        params_, reduce_index_, reduce_layout_, *shard_group_, replicate_group_.get(), reduce_dtype_,
+        comm::OpTag{name_, "backward"}));
     scheduler_->on_reduce_scatter_issued(this);
   }
   reshard();
@@ -439,8 +440,7 @@ void FSDPUnit::finish_reduce_scatter() {
   }
   backward_active_ = false;
   if (!reduce_) return;
-  detail::accumulate_reduced(*reduce_, params_, reduce_index_, reduce_layout_, shard_group_->rank(),
-                             replicate_group_.get(), comm::OpTag{name_, "backward"});
+  detail::accumulate_reduced(*reduce_, params_, reduce_index_, reduce_layout_, shard_group_->rank());
   reduce_.reset();
   grads_reduced_since_gather_ = true;
   if (scheduler_) scheduler_->on_reduce_scatter_finished(this);

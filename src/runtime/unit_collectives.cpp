@@ -33,7 +33,8 @@ void copy_out(AllGatherResult& gather, std::vector<FSDPParam>& params, const sha
 
 ReduceScatterResult foreach_reduce_scatter(std::vector<FSDPParam>& params, const std::vector<int>& index,
                                            const shard::FlatLayout& layout, comm::ProcessGroup& group,
-                                           c10::ScalarType reduce_dtype, const comm::OpTag& tag) {
+                                           comm::ProcessGroup* replicate, c10::ScalarType reduce_dtype,
+                                           const comm::OpTag& tag) {
   at::NoGradGuard no_grad;
   const int64_t world = layout.world_size, S = layout.shard_numel();
   ReduceScatterResult r;
@@ -45,14 +46,15 @@ ReduceScatterResult foreach_reduce_scatter(std::vector<FSDPParam>& params, const
   }
   r.output = world == 1 ? r.input : at::empty({S}, options);
   r.work = group.reduce_scatter_tensor(r.output, r.input, comm::ReduceOp::kAvg, tag);
+  if (replicate) r.replica_work = replicate->all_reduce(r.output, comm::ReduceOp::kAvg, tag, r.work);
   return r;
 }
 
 void accumulate_reduced(ReduceScatterResult& rs, std::vector<FSDPParam>& params,
                         const std::vector<int>& index, const shard::FlatLayout& layout,
-                        int64_t shard_rank, comm::ProcessGroup* replicate, const comm::OpTag& tag) {
+                        int64_t shard_rank) {
   rs.work->wait();
-  if (replicate) replicate->all_reduce(rs.output, comm::ReduceOp::kAvg, tag)->wait();
+  if (rs.replica_work) rs.replica_work->wait();
   for (size_t j = 0; j < index.size(); ++j) {
     const auto& s = layout.params[j];
     params[index[j]].accumulate_sharded_grad(

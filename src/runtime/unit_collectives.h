@@ -39,21 +39,26 @@ struct ReduceScatterResult {
   at::Tensor input;   ///< (world * S') unsharded gradients in reduce_dtype, rank-major blocks
   at::Tensor output;  ///< (S') this rank's reduced block; aliases input at world 1
   comm::WorkPtr work;
+  comm::WorkPtr replica_work;  ///< the all-reduce of output over the replicas (null without one)
 };
 
 /// Packs the unsharded gradients of params[index[j]] (layout.params[j]) into one reduce_dtype
 /// buffer (rank-major rows, zero padding, zeros for params without a gradient on this rank),
-/// frees them, and issues the reduce-scatter (average) over `group`. Non-blocking.
+/// frees them, and issues the reduce-scatter (average) over `group`; when `replicate` is given
+/// (hybrid_shard's replicas), also the all-reduce (average) of the reduced block over it, which
+/// starts on its communication thread once the reduce-scatter is done (FSDP2's HSDP order: the
+/// compute thread never waits in between). Non-blocking. Call order: every rank of `group` and of
+/// `replicate` issues the same units' reductions in the same order.
 /// `tag` names the unit and phase (also in errors: a gradient whose shape differs from its param's).
 ReduceScatterResult foreach_reduce_scatter(std::vector<FSDPParam>& params, const std::vector<int>& index,
                                            const shard::FlatLayout& layout, comm::ProcessGroup& group,
-                                           c10::ScalarType reduce_dtype, const comm::OpTag& tag);
+                                           comm::ProcessGroup* replicate, c10::ScalarType reduce_dtype,
+                                           const comm::OpTag& tag);
 
-/// Waits for `rs`; when `replicate` is given, all-reduces (average) the reduced block over it
-/// (blocking; hybrid_shard's replicas); then adds each param's real rows into its sharded grad.
-/// Blocking. `rs` is released afterwards.
+/// Waits for `rs` (the reduce-scatter, then the replicas' all-reduce; rethrows the first error),
+/// then adds each param's real rows into its sharded grad. Blocking. `rs` is released afterwards.
 void accumulate_reduced(ReduceScatterResult& rs, std::vector<FSDPParam>& params,
                         const std::vector<int>& index, const shard::FlatLayout& layout,
-                        int64_t shard_rank, comm::ProcessGroup* replicate, const comm::OpTag& tag);
+                        int64_t shard_rank);
 
 }  // namespace fsdp::detail

@@ -1,7 +1,8 @@
 // Tier `mpi`: the strategy family (no_shard, zero1, shard_grad_op, full_shard, hybrid_shard):
 // measured model-state bytes per rank against docs/architecture.md's table, collective counts and
-// logical bytes per step against theory, overlap of DDP buckets with backward, checkpoint round
-// trips, and the set-up errors of invalid combinations.
+// logical bytes per step against theory, overlap of DDP buckets with backward, the issue order of
+// hybrid_shard's replica all-reduce, checkpoint round trips, and the set-up errors of invalid
+// combinations.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -10,6 +11,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 
 #include "../common/models.h"
 #include "../common/step_comm.h"
@@ -253,6 +255,48 @@ TEST(Strategies, NoShardBucketsOverlapBackward) {
     }
     opt.step();
     opt.zero_grad();
+  }
+}
+
+// hybrid_shard's replica all-reduce of a unit is issued with its reduce-scatter (before the next
+// unit's reduce-scatter), not when the next unit's reduce-scatter waits for it, and starts only once
+// the reduce-scatter is done (flight recorder times). The strategy's gradients: the parity suite.
+TEST(Strategies, HybridReplicaAllReduceIsIssuedWithTheReduceScatter) {
+  auto g = world();
+  const int N = g->size();
+  if (N < 2) GTEST_SKIP() << "needs replicas";
+  constexpr int64_t kLayers = 5, kDim = 128;
+  torch::manual_seed(4);
+  auto model = Chain(std::vector<int64_t>(kLayers + 1, kDim)).ptr();
+  fsdp::fully_shard_tree(model, g, fsdp::wrap_by_type<torch::nn::LinearImpl>(),
+                         options_for(ShardingStrategy::kHybridShard, N));
+  for (int step = 0; step < 2; ++step) {
+    auto [x, y] = regression_batch(step * N + g->rank(), 32, kDim, kDim);
+    const double t0 = fsdp::comm::now_s();
+    F::mse_loss(fsdp::call(model, x), y).backward();
+    std::map<std::string, fsdp::comm::CollectiveRecord> rs, ar;
+    std::vector<std::string> rs_order;  // units in the order their reduce-scatters were issued
+    for (const auto& r : g->flight_recorder().records()) {
+      if (r.issue_s < t0 || r.tag.phase != "backward") continue;
+      if (r.kind == CollectiveKind::kReduceScatter) {
+        rs[r.tag.unit] = r;
+        rs_order.push_back(r.tag.unit);
+      }
+      if (r.kind == CollectiveKind::kAllReduce) ar[r.tag.unit] = r;
+    }
+    ASSERT_EQ(rs_order.size(), static_cast<size_t>(kLayers)) << "one reduce-scatter per Linear";
+    ASSERT_EQ(ar.size(), rs.size()) << "one replica all-reduce per reduce-scatter";
+    for (size_t i = 0; i < rs_order.size(); ++i) {
+      const auto& a = ar.at(rs_order[i]);
+      const auto& r = rs.at(rs_order[i]);
+      EXPECT_GE(a.issue_s, r.issue_s) << rs_order[i];
+      if (i + 1 < rs_order.size()) {
+        EXPECT_LT(a.issue_s, rs.at(rs_order[i + 1]).issue_s)
+            << rs_order[i] << ": its replica all-reduce was issued after the next unit's reduce-scatter";
+      }
+      EXPECT_GE(a.start_s, r.end_s) << rs_order[i] << ": the all-reduce started before its reduce-scatter ended";
+      EXPECT_EQ(a.state, fsdp::comm::OpState::kCompleted) << rs_order[i];
+    }
   }
 }
 

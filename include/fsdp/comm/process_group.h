@@ -107,7 +107,14 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
                                 const OpTag& tag = {});
 
   /// tensor = reduce over ranks of tensor, in place; bitwise the same on every rank.
-  WorkPtr all_reduce(at::Tensor tensor, ReduceOp op = ReduceOp::kSum, const OpTag& tag = {});
+  /// after: when given (a Work of another group, e.g. the reduce-scatter that writes `tensor`),
+  /// the op is numbered and queued now but starts on the communication thread only once `after`
+  /// has completed, so the caller need not wait in between; its timeout counts from that start.
+  /// It runs even when `after` failed (its peers, which may not have, would otherwise wait in it
+  /// until their timeout): `after`'s error is its own Work's to report, so wait for `after` first.
+  /// A group of one rank: the identity, which reads nothing, completes at once.
+  WorkPtr all_reduce(at::Tensor tensor, ReduceOp op = ReduceOp::kSum, const OpTag& tag = {},
+                     WorkPtr after = nullptr);
 
   /// output block q (n elements) = rank q's input block rank() (input and output: size()*n).
   WorkPtr all_to_all(at::Tensor output, at::Tensor input, const OpTag& tag = {});
@@ -167,6 +174,7 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
     uint64_t record_id;
     std::function<void()> fn;
     WorkPtr work;
+    WorkPtr after;  // the op starts once this has completed (null: at once)
   };
   struct Described {  // what enqueue needs to know of an op
     CollectiveKind kind;
@@ -176,9 +184,10 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
     const OpTag* tag;
     int64_t logical_bytes;  // < 0: not counted in stats (set-up)
   };
-  WorkPtr enqueue(const Described& d, std::function<void()> fn);
+  WorkPtr enqueue(const Described& d, std::function<void()> fn, WorkPtr after = nullptr);
   void worker_loop();
-  // Runs one op: check, deadline, fn; records times, releases tensors, completes the Work.
+  // Runs one op: its dependency, check, deadline, fn; records times, releases tensors, completes
+  // the Work.
   void run_op(Op& op);
   // The collective check: throws kMismatch on every rank when the signatures differ.
   void check_same_op(const Op& op);
