@@ -10,7 +10,8 @@
 #                                                  STRATEGIES="no_shard zero1 ...")
 #   python3 bench/pvm_summary.py OUT_DIR           (the tables of docs/BENCHMARKS.md)
 #
-# CPU-heavy (gpt2 at N = 4 oversubscribes 2 cores): about 21 minutes on 2 cores. Each run is
+# CPU-heavy (gpt2 at N = 4 oversubscribes 2 cores): about 21 minutes on 2 cores of an Intel Xeon
+# with AMX, 89 on an AMD EPYC with AVX2 only (the calibration's bf16 passes). Each run is
 # calibrated with N ranks at once, as it runs (N = 1: one rank, no collectives).
 set -euo pipefail
 OUT=${1:-out/plan_vs_measured}
