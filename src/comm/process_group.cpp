@@ -405,12 +405,13 @@ WorkPtr ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp rop, const OpTag& t
   check_reducible(rank_, op, tensor);
   const Described d{CollectiveKind::kAllReduce, &tensor, rop, -1, &tag, static_cast<int64_t>(tensor.nbytes())};
   if (size_ == 1) return enqueue(d, [] {});  // the identity: nothing to wait for
+  std::function<void()> fn;
   if (is_half(tensor.scalar_type())) {
-    return enqueue(d, [this, tensor, rop] { all_reduce_low_precision(tensor, rop); }, std::move(after));
+    fn = [this, tensor, rop] { all_reduce_low_precision(tensor, rop); };
+  } else {
+    fn = [this, tensor, rop] { reduce_with(*backend_, tensor, rop, [&](ReduceOp o) { backend_->all_reduce(tensor, o); }); };
   }
-  return enqueue(
-      d, [this, tensor, rop] { reduce_with(*backend_, tensor, rop, [&](ReduceOp o) { backend_->all_reduce(tensor, o); }); },
-      std::move(after));
+  return enqueue(d, std::move(fn), std::move(after));
 }
 
 WorkPtr ProcessGroup::all_to_all(at::Tensor output, at::Tensor input, const OpTag& tag) {
