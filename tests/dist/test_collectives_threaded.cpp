@@ -36,28 +36,31 @@ TEST(ThreadedCollectives, StatsCountLogicalBytes) {
 // all_reduce(after): the op is queued at issue but reads its tensor only once the dependency has
 // completed (here a Work the test completes after writing the tensor); a failed dependency does
 // not fail or skip it (every rank keeps the same sequence); the identity of one rank never waits.
+// fp32 and bf16 (the low-precision reduction's own path; the sums are exact in bf16).
 TEST(ThreadedCollectives, AllReduceAfterADependencyStartsWhenItCompletes) {
   for (int n : {1, 2, 3}) {
     for (bool dependency_fails : {false, true}) {
-      fsdp_test::run_threaded(n, [&](int rank, fsdp::comm::ProcessGroupPtr g) {
-        at::Tensor t = at::zeros({7});
-        auto dependency = std::make_shared<fsdp::comm::Work>();
-        auto work = g->all_reduce(t, fsdp::comm::ReduceOp::kSum, {"u", "backward"}, dependency);
-        if (n == 1) {
-          EXPECT_TRUE(work->is_completed());  // nothing read, nothing to wait for
-          return;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        EXPECT_FALSE(work->is_completed());
-        t.fill_(static_cast<double>(rank + 1));  // written before the dependency completes
-        dependency->finish(dependency_fails ? std::make_exception_ptr(std::runtime_error("dependency failed"))
-                                            : nullptr,
-                           0.0);
-        work->wait();  // its own Work: no error even when the dependency failed
-        EXPECT_EQ(t[0].item<float>(), static_cast<float>(n * (n + 1) / 2));
-        EXPECT_EQ(t[6].item<float>(), static_cast<float>(n * (n + 1) / 2));
-        g->barrier()->wait();  // later ops of the group run as usual
-      });
+      for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+        fsdp_test::run_threaded(n, [&](int rank, fsdp::comm::ProcessGroupPtr g) {
+          at::Tensor t = at::zeros({7}, dtype);
+          auto dependency = std::make_shared<fsdp::comm::Work>();
+          auto work = g->all_reduce(t, fsdp::comm::ReduceOp::kSum, {"u", "backward"}, dependency);
+          if (n == 1) {
+            EXPECT_TRUE(work->is_completed());  // nothing read, nothing to wait for
+            return;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          EXPECT_FALSE(work->is_completed());
+          t.fill_(static_cast<double>(rank + 1));  // written before the dependency completes
+          dependency->finish(dependency_fails ? std::make_exception_ptr(std::runtime_error("dependency failed"))
+                                              : nullptr,
+                             0.0);
+          work->wait();  // its own Work: no error even when the dependency failed
+          EXPECT_EQ(t[0].item<float>(), static_cast<float>(n * (n + 1) / 2));
+          EXPECT_EQ(t[6].item<float>(), static_cast<float>(n * (n + 1) / 2));
+          g->barrier()->wait();  // later ops of the group run as usual
+        });
+      }
     }
   }
 }
