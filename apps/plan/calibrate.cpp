@@ -2,11 +2,9 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
-#include <ATen/ops/stack.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <sched.h>
@@ -26,6 +24,7 @@
 
 #include "fsdp/accounting/memory.h"
 #include "fsdp/common/cpu_info.h"
+#include "fsdp/optim/clip.h"
 #include "fsdp/planner/time_model.h"
 #include "models/gpt.h"
 #include "models/llama.h"
@@ -280,7 +279,7 @@ double shared_core_factor(fsdp::comm::ProcessGroup& g, CollectiveKind kind, doub
 // [Note: step update calibration] Seconds of the step update of one fp32 tensor by its size
 // (profile.h step_update_points_*), for an optimizer: for each size, a set of tensors of that size
 // (2^20 elements in all, at least one tensor) with gradients; as fsdp-train runs them after
-// backward, tensor by tensor, the 2-norm (summed in double, one item()) and the clip scale (the
+// backward, tensor by tensor, the 2-norm (fsdp::sum_of_squares, as clip_grad_norm) and the clip scale (the
 // gradients' own finite check runs only when the norm is not finite: not timed); then the
 // optimizer's step and zero_grad (set to none). Before each timed run the caches are
 // flushed (a 128 MiB buffer is written), as a step's forward and backward leave them; all ranks at
@@ -307,9 +306,9 @@ std::vector<fp::UpdatePoint> step_update_points(fp::OptimizerKind kind, fsdp::co
       for (int64_t i = 0; i < count; ++i) params[i].mutable_grad() = grads[i].clone();
       flush.fill_(1.0f);
       const double t0 = now_s();
-      std::vector<at::Tensor> parts;
-      for (const auto& p : params) parts.push_back(at::linalg_vector_norm(p.grad(), 2).to(at::kDouble).square());
-      const double norm = std::sqrt(at::stack(parts).sum().item<double>());
+      double squares = 0.0;  // as fsdp::clip_grad_norm sums them
+      for (const auto& p : params) squares += fsdp::sum_of_squares(p.grad());
+      const double norm = std::sqrt(squares);
       if (norm > 1.0) {
         for (const auto& p : params) p.grad().mul_(1.0 / norm);
       }

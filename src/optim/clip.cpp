@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -9,6 +10,20 @@
 #include "sharded_grads.h"
 
 namespace fsdp {
+
+// [Note: gradient norm accuracy] docs/architecture.md.
+double sum_of_squares(const at::Tensor& t) {
+  if (t.numel() == 0) return 0.0;
+  at::NoGradGuard no_grad;
+  constexpr int64_t kChunkNumel = int64_t{1} << 18;
+  const at::Tensor flat = t.reshape({-1});
+  double total = 0.0;
+  for (int64_t begin = 0; begin < flat.numel(); begin += kChunkNumel) {
+    const at::Tensor chunk = flat.slice(0, begin, std::min(begin + kChunkNumel, flat.numel())).to(at::kFloat);
+    total += at::sum(chunk * chunk, at::kDouble).item<double>();
+  }
+  return total;
+}
 
 double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max_norm,
                       double norm_type) {

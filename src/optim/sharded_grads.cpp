@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "fsdp/common/check.h"
+#include "fsdp/optim/clip.h"
 #include "fsdp/runtime/fully_shard.h"
 
 namespace fsdp::detail {
@@ -33,10 +34,11 @@ double local_norm_part(const ShardedGrads& g, bool inf) {
   std::vector<at::Tensor> parts;
   parts.reserve(g.grads.size());
   for (size_t i = 0; i < g.grads.size(); ++i) {
-    // linalg_vector_norm accumulates in fp32 with ATen's cascade sums (one pass, no copy); the
-    // squares of the per-tensor norms are summed in double.
-    at::Tensor n = at::linalg_vector_norm(g.grads[i], inf ? INFINITY : 2.0).to(at::kDouble);
-    parts.push_back(inf ? n : n.square() / static_cast<double>(g.num_replicas[i]));
+    // inf: a max is exact in any dtype. 2: fsdp::sum_of_squares sums in double ([Note: gradient
+    // norm accuracy]), so the shards' parts add up to the full gradient's.
+    parts.push_back(inf ? at::linalg_vector_norm(g.grads[i], INFINITY).to(at::kDouble)
+                        : at::scalar_tensor(sum_of_squares(g.grads[i]) / static_cast<double>(g.num_replicas[i]),
+                                            at::kDouble));
   }
   at::Tensor all = at::stack(parts);
   // max() and sum() propagate NaN: a NaN gradient gives a NaN result, never a dropped one.
