@@ -77,6 +77,46 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// [Note: timing together] Seconds of a piece of compute-thread work (a training pass, copies, a
+// step update), all ranks at once. Where the ranks' compute threads oversubscribe the cores
+// (`together`), what one rank's clock says of its own work depends on which ranks the scheduler
+// ran meanwhile (a 16 MiB copy timed per rank measured 6 to 20 GB/s in five calibrations of micro
+// at N = 4 on 2 cores), while a step's collectives keep its ranks together: there the work runs
+// from one barrier to the next on every rank and its seconds are that interval less an empty
+// interval's (the median of 9). Elsewhere each rank times its own work. Blocking; collective when
+// `together` (every rank calls it the same number of times).
+class WorkTimer {
+ public:
+  WorkTimer(fsdp::comm::ProcessGroup& g, bool together) : g_(g), together_(together) {
+    if (!together_) return;
+    std::vector<double> empty;
+    for (int r = 0; r < 9; ++r) empty.push_back(interval([] {}));
+    barrier_s_ = median(empty);
+  }
+  double seconds(const std::function<void()>& work) {
+    if (!together_) {
+      const double t0 = now_s();
+      work();
+      return now_s() - t0;
+    }
+    return std::max(0.0, interval(work) - barrier_s_);
+  }
+  bool together() const { return together_; }
+  fsdp::comm::ProcessGroup& group() const { return g_; }
+
+ private:
+  double interval(const std::function<void()>& work) {
+    g_.barrier()->wait();
+    const double t0 = now_s();
+    work();
+    g_.barrier()->wait();
+    return now_s() - t0;
+  }
+  fsdp::comm::ProcessGroup& g_;
+  bool together_;
+  double barrier_s_ = 0.0;
+};
+
 // The forward matmul shapes (out, in) of one block and the head, with how many of each the model has.
 std::vector<std::pair<std::pair<int64_t, int64_t>, int64_t>> matmul_shapes(const fp::ModelSpec& m) {
   std::map<std::pair<int64_t, int64_t>, int64_t> count;
@@ -197,16 +237,15 @@ struct TrainingPass {
     loss.backward();
     return now_s() - t0;
   }
-  /// The median seconds of a pass, all ranks at once after a warm-up (>= 3 runs, about a second).
-  double median_s(fsdp::comm::ProcessGroup& g) {
+  /// The median seconds of a pass, all ranks at once after a warm-up (3 to 9 runs, about a
+  /// second; the count agreed across ranks), timed by `timer` ([Note: timing together]).
+  double median_s(WorkTimer& timer) {
+    fsdp::comm::ProcessGroup& g = timer.group();
     g.barrier()->wait();  // all ranks compute at once, as in training
-    run();
+    const double first_s = across_ranks(g, {run()}, /*min=*/false)[0];
+    const int reps = static_cast<int>(std::clamp(std::ceil(1.0 / std::max(first_s, 1e-9)), 3.0, 9.0));
     std::vector<double> t;
-    double total = 0;
-    while ((total < 1.0 && t.size() < 9) || t.size() < 3) {
-      t.push_back(run());
-      total += t.back();
-    }
+    for (int r = 0; r < reps; ++r) t.push_back(timer.seconds([&] { run(); }));
     return median(t);
   }
 };
@@ -214,8 +253,8 @@ struct TrainingPass {
 // [Note: model rate] The FLOP rate a training forward + backward of the model reaches (TrainingPass),
 // all ranks at once; FLOPs from the planner's unit_flops (root + blocks), so the time model divides
 // the same count by this rate. The slowest rank's rate.
-double model_rate(TrainingPass& pass, fsdp::comm::ProcessGroup& g) {
-  return across_ranks(g, {pass.flops / pass.median_s(g)}, /*min=*/true)[0];
+double model_rate(TrainingPass& pass, WorkTimer& timer) {
+  return across_ranks(timer.group(), {pass.flops / pass.median_s(timer)}, /*min=*/true)[0];
 }
 
 // [Note: collectives beside compute] What a collective costs a training step where communication
@@ -230,7 +269,8 @@ double model_rate(TrainingPass& pass, fsdp::comm::ProcessGroup& g) {
 // above the pass's own spread. The pass alone and the pass with collectives alternate (the
 // machine's speed drifts); the median of 5 such pairs' differences after a warm-up pair; the
 // slowest rank's.
-double shared_core_factor(fsdp::comm::ProcessGroup& g, CollectiveKind kind, double op_alone_s, TrainingPass& pass) {
+double shared_core_factor(WorkTimer& timer, CollectiveKind kind, double op_alone_s, TrainingPass& pass) {
+  fsdp::comm::ProcessGroup& g = timer.group();
   const int64_t n = g.size(), elems = (int64_t{4} << 20) / 4 / n * n;
   constexpr int kPool = 16;
   std::vector<at::Tensor> big, small;
@@ -248,19 +288,19 @@ double shared_core_factor(fsdp::comm::ProcessGroup& g, CollectiveKind kind, doub
   const int count = static_cast<int>(std::clamp(0.5 * window_s / std::max(op_alone_s, 1e-9), 2.0, 4096.0));
   auto alone = [&] {
     g.barrier()->wait();
-    return pass.run();
+    return timer.seconds([&] { pass.run(); });
   };
   auto beside = [&] {
     g.barrier()->wait();
-    const double t0 = now_s();
-    std::vector<fsdp::comm::WorkPtr> works;
-    auto issue = [&] {
-      for (int i = 0; i < count; ++i) works.push_back(issue_collective(g, kind, big[i % kPool], small[i % kPool]));
-    };
-    if (!in_backward) issue();
-    pass.run(in_backward ? std::function<void()>(issue) : std::function<void()>());
-    for (auto& w : works) w->wait();
-    return now_s() - t0;
+    return timer.seconds([&] {
+      std::vector<fsdp::comm::WorkPtr> works;
+      auto issue = [&] {
+        for (int i = 0; i < count; ++i) works.push_back(issue_collective(g, kind, big[i % kPool], small[i % kPool]));
+      };
+      if (!in_backward) issue();
+      pass.run(in_backward ? std::function<void()>(issue) : std::function<void()>());
+      for (auto& w : works) w->wait();
+    });
   };
   alone();
   beside();
@@ -269,11 +309,14 @@ double shared_core_factor(fsdp::comm::ProcessGroup& g, CollectiveKind kind, doub
     const double a = alone();
     added.push_back(beside() - a);
   }
-  // At least 1: the engine waits for every collective (an all-gather before the unit's use, a
-  // reduce-scatter before the next one is issued), so what a pass without such waits hides (a
-  // factor below 1) a step does not.
+  // At least 1 where the compute threads fit the cores: the engine waits for every collective (an
+  // all-gather before the unit's use, a reduce-scatter before the next one is issued), so what a
+  // pass without such waits hides (a factor below 1) a step does not. Where they oversubscribe the
+  // cores a rank that waits hands its core to another rank's compute, so what hides beside the
+  // pass hides in a step too (reduce-scatters measured 0.34-0.49 at N = 4 on 2 cores); at least
+  // kMinOversubscribedFactor there (smaller differences are within the pass's spread).
   const double added_s = across_ranks(g, {median(added)}, /*min=*/false)[0];
-  return std::max(1.0, added_s / (count * op_alone_s));
+  return std::max(timer.together() ? fp::kMinOversubscribedFactor : 1.0, added_s / (count * op_alone_s));
 }
 
 // [Note: step update calibration] Seconds of the step update of one fp32 tensor by its size
@@ -283,8 +326,10 @@ double shared_core_factor(fsdp::comm::ProcessGroup& g, CollectiveKind kind, doub
 // gradients' own finite check runs only when the norm is not finite: not timed); then the
 // optimizer's step and zero_grad (set to none). Before each timed run the caches are
 // flushed (a 128 MiB buffer is written), as a step's forward and backward leave them; all ranks at
-// once; median of 5 after a warm-up; the slowest rank; seconds per tensor = the run / the tensors.
-std::vector<fp::UpdatePoint> step_update_points(fp::OptimizerKind kind, fsdp::comm::ProcessGroup& g) {
+// once, timed by `timer` ([Note: timing together]); median of 5 after a warm-up; the slowest rank;
+// seconds per tensor = the run / the tensors.
+std::vector<fp::UpdatePoint> step_update_points(fp::OptimizerKind kind, WorkTimer& timer) {
+  fsdp::comm::ProcessGroup& g = timer.group();
   at::Tensor flush = at::empty({int64_t{1} << 25}, at::kFloat);
   std::vector<fp::UpdatePoint> points;
   std::vector<double> per_tensor_s;
@@ -305,16 +350,16 @@ std::vector<fp::UpdatePoint> step_update_points(fp::OptimizerKind kind, fsdp::co
     auto once = [&] {
       for (int64_t i = 0; i < count; ++i) params[i].mutable_grad() = grads[i].clone();
       flush.fill_(1.0f);
-      const double t0 = now_s();
-      double squares = 0.0;  // as fsdp::clip_grad_norm sums them
-      for (const auto& p : params) squares += fsdp::sum_of_squares(p.grad());
-      const double norm = std::sqrt(squares);
-      if (norm > 1.0) {
-        for (const auto& p : params) p.grad().mul_(1.0 / norm);
-      }
-      opt->step();
-      opt->zero_grad();
-      return now_s() - t0;
+      return timer.seconds([&] {
+        double squares = 0.0;  // as fsdp::clip_grad_norm sums them
+        for (const auto& p : params) squares += fsdp::sum_of_squares(p.grad());
+        const double norm = std::sqrt(squares);
+        if (norm > 1.0) {
+          for (const auto& p : params) p.grad().mul_(1.0 / norm);
+        }
+        opt->step();
+        opt->zero_grad();
+      });
     };
     g.barrier()->wait();
     once();
@@ -329,28 +374,42 @@ std::vector<fp::UpdatePoint> step_update_points(fp::OptimizerKind kind, fsdp::co
 }
 
 // Bytes read + written per second by at::Tensor::copy_ of a 16 MiB fp32 tensor into another (a
-// unit's size: the engine copies a unit at a time), caches flushed before each (a 128 MiB buffer
-// is written: a step's compute leaves them full of other data), all ranks at once, median of 9
-// after a warm-up, the slowest rank.
-double memory_copy_rate(fsdp::comm::ProcessGroup& g) {
+// unit's size: the engine copies a unit at a time), 4 at a time, caches flushed before each run (a 128 MiB buffer
+// is written: a step's compute leaves them full of other data), all ranks at once, timed by `timer`
+// ([Note: timing together]), median of 9 after a warm-up, the slowest rank.
+double memory_copy_rate(WorkTimer& timer) {
+  fsdp::comm::ProcessGroup& g = timer.group();
   const int64_t elems = int64_t{1} << 22;
   at::Tensor src = at::randn({elems}), dst = at::empty({elems}), flush = at::empty({int64_t{1} << 25});
   g.barrier()->wait();
   dst.copy_(src);
+  // Four copies a run (there and back twice): long enough beside a barrier's own interval.
+  constexpr int kCopies = 4;
   std::vector<double> t;
   for (int r = 0; r < 9; ++r) {
     flush.fill_(1.0f);
-    const double t0 = now_s();
-    dst.copy_(src);
-    t.push_back(now_s() - t0);
+    t.push_back(timer.seconds([&] {
+      for (int c = 0; c < kCopies; ++c) (c % 2 ? src.copy_(dst) : dst.copy_(src));
+    }));
   }
-  return across_ranks(g, {2.0 * 4.0 * static_cast<double>(elems) / median(t)}, /*min=*/true)[0];
+  return across_ranks(g, {kCopies * 2.0 * 4.0 * static_cast<double>(elems) / median(t)}, /*min=*/true)[0];
 }
 
-int64_t cores_available() {
+// The cores the ranks may run on together: the union of every rank's affinity mask (mpirun binds
+// each of two ranks to a core of its own by default: each rank's own mask then holds 1 core, the
+// node's ranks 2). Collective: every rank calls it.
+int64_t cores_available(fsdp::comm::ProcessGroup& g) {
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max<int64_t>(1, sysconf(_SC_NPROCESSORS_ONLN));
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    for (long c = 0; c < online && c < CPU_SETSIZE; ++c) CPU_SET(c, &set);
+  }
+  at::Tensor mask = at::zeros({CPU_SETSIZE}, at::kFloat);  // (CPU_SETSIZE,): 1 where this rank may run
+  float* m = mask.data_ptr<float>();
+  for (int c = 0; c < CPU_SETSIZE; ++c) m[c] = CPU_ISSET(c, &set) ? 1.0f : 0.0f;
+  g.all_reduce(mask, fsdp::comm::ReduceOp::kMax)->wait();
+  return std::max<int64_t>(1, mask.sum().item<int64_t>());
 }
 
 int64_t ranks_on_this_node(int64_t world) {
@@ -379,6 +438,12 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
                   cpu.model + " (" + cpu.capability + ")";
   p.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE)) /
                    p.ranks_per_node;
+  // A rank's communication thread hides its collectives only on a core of its own; compute threads
+  // that need more cores than there are time-share them ([Note: timing together]).
+  const int64_t cores = cores_available(world);
+  p.comm_overlaps_compute = p.ranks_per_node * (flags.threads + 1) <= cores;
+  p.compute_oversubscribed = p.ranks_per_node * flags.threads > cores;
+  WorkTimer timer(world, p.compute_oversubscribed);
 
   const std::vector<int64_t> sizes{4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20};
   const CollectiveKind kinds[] = {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce};
@@ -428,19 +493,19 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
     step_pass = std::make_unique<TrainingPass>(m, in.step, step_dtype, p.ranks_per_node);
   } else {
     TrainingPass f32(m, in.step, at::kFloat, p.ranks_per_node);
-    p.model_flops_per_s_fp32 = model_rate(f32, world);
+    p.model_flops_per_s_fp32 = model_rate(f32, timer);
     const int64_t n_layer = f32.n_layer;
     if (step_dtype == at::kFloat) step_pass = std::make_unique<TrainingPass>(std::move(f32));
     {
       TrainingPass b16(m, in.step, at::kBFloat16, p.ranks_per_node);
-      p.model_flops_per_s_bf16 = model_rate(b16, world);
+      p.model_flops_per_s_bf16 = model_rate(b16, timer);
       if (step_dtype == at::kBFloat16) step_pass = std::make_unique<TrainingPass>(std::move(b16));
     }
     // fp16 only when asked for: CPUs without fp16 matmul units run it ~10x slower than bf16.
     const bool fp16 = step_dtype == at::kHalf;
     if (fp16) {
       step_pass = std::make_unique<TrainingPass>(m, in.step, at::kHalf, p.ranks_per_node);
-      p.model_flops_per_s_fp16 = model_rate(*step_pass, world);
+      p.model_flops_per_s_fp16 = model_rate(*step_pass, timer);
     }
     model_source = "model_flops_per_s: a training forward + backward of " + m.name + " (" +
                    std::to_string(n_layer) + " of its " + std::to_string(m.arch.n_layer) + " blocks), " +
@@ -455,20 +520,17 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
       log << buf << std::endl;
     }
   }
-  p.memory_copy_bytes_per_s = memory_copy_rate(world);
+  p.memory_copy_bytes_per_s = memory_copy_rate(timer);
   // Per element: the largest tensor's rate (beyond the caches), for sizes past the points.
-  p.step_update_points_adamw = step_update_points(fp::OptimizerKind::kAdamW, world);
-  p.step_update_points_sgd_momentum = step_update_points(fp::OptimizerKind::kSgdMomentum, world);
-  p.step_update_points_sgd = step_update_points(fp::OptimizerKind::kSgd, world);
+  p.step_update_points_adamw = step_update_points(fp::OptimizerKind::kAdamW, timer);
+  p.step_update_points_sgd_momentum = step_update_points(fp::OptimizerKind::kSgdMomentum, timer);
+  p.step_update_points_sgd = step_update_points(fp::OptimizerKind::kSgd, timer);
   const auto per_elem = [](const std::vector<fp::UpdatePoint>& v) {
     return v.back().seconds / static_cast<double>(v.back().numel);
   };
   p.step_update_s_per_elem_adamw = per_elem(p.step_update_points_adamw);
   p.step_update_s_per_elem_sgd_momentum = per_elem(p.step_update_points_sgd_momentum);
   p.step_update_s_per_elem_sgd = per_elem(p.step_update_points_sgd);
-  // A rank's communication thread hides its collectives only on a core of its own.
-  const int64_t cores = cores_available();
-  p.comm_overlaps_compute = p.ranks_per_node * (flags.threads + 1) <= cores;
   // Where communication shares the cores: what each kind costs beside a training pass.
   std::string factor_source = "shared_core_factor: 1, not measured (communication overlaps compute)";
   if (p.has_collectives && !p.comm_overlaps_compute) {
@@ -476,31 +538,34 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
     for (int k = 0; k < 3; ++k) {
       const int64_t logical = (int64_t{4} << 20) / 4 / N * N * 4;
       const double op_s = p.fits[k].alpha_s + p.fits[k].beta_s_per_byte * static_cast<double>(logical);
-      links[k]->shared_core_factor = shared_core_factor(world, kinds[k], op_s, *step_pass);
+      links[k]->shared_core_factor = shared_core_factor(timer, kinds[k], op_s, *step_pass);
       char buf[80];
       std::snprintf(buf, sizeof(buf), "%s %s %.2fx", k ? "," : "", fsdp::comm::to_string(kinds[k]),
                     links[k]->shared_core_factor);
       line += buf;
     }
     if (root) log << line << " its time alone" << std::endl;
-    factor_source = "shared_core_factor: per kind, at least 1, the seconds 4 MiB fp32 collectives (about half "
+    factor_source = std::string("shared_core_factor: per kind, ") +
+                    (p.compute_oversubscribed ? "at least 0.1 (compute oversubscribes the cores)" : "at least 1") +
+                    ", the seconds 4 MiB fp32 collectives (about half "
                     "a pass's time alone; all-gathers issued at the start of its forward, reductions of its backward) added to "
                     "a training forward + backward of " + m.name +
                     " running beside them (a parameter-count model: 1024 x 1024 matmuls), over their time alone; "
                     "the median of 5 pairs (pass alone, pass with collectives), slowest rank, all ranks at once";
   }
   if (root) {
-    char buf[320];
+    char buf[420];
     std::snprintf(buf, sizeof(buf),
                   "step update: adamw %.2f, sgd-momentum %.2f, sgd %.2f ns per element (16M-element tensors; "
                   "adamw %.1f ns at 256k); tensor copies %.1f GB/s (read + written); communication %s compute "
-                  "(%lld ranks x (%d + 1) threads on %lld cores)",
+                  "(%lld ranks x (%d + 1) threads on %lld cores%s)",
                   p.step_update_s_per_elem_adamw * 1e9, p.step_update_s_per_elem_sgd_momentum * 1e9,
                   p.step_update_s_per_elem_sgd * 1e9,
                   p.step_update_tensor_s(fp::OptimizerKind::kAdamW, int64_t{1} << 18) / (1 << 18) * 1e9,
                   p.memory_copy_bytes_per_s * 1e-9,
                   p.comm_overlaps_compute ? "overlaps" : "shares the cores of",
-                  static_cast<long long>(p.ranks_per_node), flags.threads, static_cast<long long>(cores));
+                  static_cast<long long>(p.ranks_per_node), flags.threads, static_cast<long long>(cores),
+                  p.compute_oversubscribed ? "; compute oversubscribes them: timed from barrier to barrier" : "");
     log << buf << std::endl;
   }
   p.sources = {
@@ -516,10 +581,12 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
           "such tensors at a time) for the 2-norm, clip scale, the optimizer's step and zero_grad, "
           "tensor by tensor, caches flushed before each run, median of 5, slowest rank, all ranks at once; "
           "step_update_s_per_elem: the 16M-element tensor's seconds per element",
-      "memory_copy_bytes_per_s: copy_ of a 16 MiB fp32 tensor into another, caches flushed before each, bytes "
+      "memory_copy_bytes_per_s: copy_ of a 16 MiB fp32 tensor into another, 4 at a time, caches flushed before each run, bytes "
           "read + written per second, median of 9, slowest rank, all ranks at once",
       "comm_overlaps_compute: ranks on this node x (intra-op threads + 1 communication thread) <= the cores "
-          "this process may run on (" + std::to_string(cores) + ")",
+          "the ranks may run on (the union of their affinity masks: " + std::to_string(cores) + "); compute_oversubscribed: ranks on this node x "
+          "intra-op threads > those cores (then the passes, copies and step updates are timed from one barrier to the "
+          "next on every rank, less an empty interval)",
       factor_source,
       "memory_bytes: physical memory / ranks on this node"};
   return p;

@@ -257,6 +257,7 @@ std::string profile_to_json(const DeviceProfile& p) {
   }
   j["memory_copy_bytes_per_s"] = p.memory_copy_bytes_per_s;
   j["comm_overlaps_compute"] = p.comm_overlaps_compute;
+  j["compute_oversubscribed"] = p.compute_oversubscribed;
   const CollectiveLinks* links[] = {&p.all_gather, &p.reduce_scatter, &p.all_reduce};
   j["collectives"] = nullptr;  // a one-rank calibration: none measured
   for (int k = 0; k < 3 && p.has_collectives; ++k) {
@@ -326,6 +327,11 @@ DeviceProfile profile_from_json(const std::string& text) {
              kProfileWhere, "profile: memory_copy_bytes_per_s must be in [1, ", kMaxRate, "] bytes per second, got ",
              p.memory_copy_bytes_per_s);
   p.comm_overlaps_compute = field<bool>(j, "comm_overlaps_compute", "profile");
+  // Absent in profiles written before it was recorded: false.
+  if (j.contains("compute_oversubscribed")) p.compute_oversubscribed = field<bool>(j, "compute_oversubscribed", "profile");
+  FSDP_CHECK(!(p.compute_oversubscribed && p.comm_overlaps_compute), ErrorKind::kCorruptData, kProfileWhere,
+             "profile: compute_oversubscribed true needs comm_overlaps_compute false (compute that needs more "
+             "cores than the node has leaves none to communication)");
   const json& c = j.contains("collectives") ? j.at("collectives") : json::object();
   p.has_collectives = !c.is_null();
   CollectiveLinks* links[] = {&p.all_gather, &p.reduce_scatter, &p.all_reduce};
@@ -337,9 +343,16 @@ DeviceProfile profile_from_json(const std::string& text) {
     // Absent in profiles written before it was measured: 1 (a collective costs its time alone).
     if (e.contains("shared_core_factor")) {
       const double f = non_negative(e, "shared_core_factor", where, kMaxSharedCoreFactor);
-      FSDP_CHECK(f >= 1.0, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
-                 ".shared_core_factor must be in [1, ", kMaxSharedCoreFactor, "] (a collective costs a step at least "
-                 "its time alone where it shares the cores), got ", f);
+      if (p.compute_oversubscribed) {
+        FSDP_CHECK(f >= kMinOversubscribedFactor, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
+                   ".shared_core_factor must be in [", kMinOversubscribedFactor, ", ", kMaxSharedCoreFactor,
+                   "] where compute oversubscribes the cores, got ", f);
+      } else {
+        FSDP_CHECK(f >= 1.0, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
+                   ".shared_core_factor must be in [1, ", kMaxSharedCoreFactor, "] (a collective costs a step at least "
+                   "its time alone where it shares the cores and compute fits them; below 1 only with "
+                   "compute_oversubscribed true), got ", f);
+      }
       links[k]->shared_core_factor = f;
     }
   }

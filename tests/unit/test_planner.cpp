@@ -447,6 +447,17 @@ TEST(PlannerTime, ComputeAndCommunicationLimits) {
     EXPECT_NEAR(b.comm_s, 2.5 * a.comm_s, 1e-9 * b.comm_s) << fsdp::to_string(s);
     EXPECT_NEAR(b.step_s - a.step_s, 1.5 * a.comm_s, 1e-9 * b.step_s) << fsdp::to_string(s);
   }
+  // Compute oversubscribing the cores: a factor below 1 (a collective's share of the cores) makes
+  // the step shorter than compute + update + copies + every collective alone, by (1 - f) of them.
+  fp::DeviceProfile shared = cpu;
+  shared.compute_oversubscribed = true;
+  shared.all_gather.shared_core_factor = shared.reduce_scatter.shared_core_factor = shared.all_reduce.shared_core_factor = 0.4;
+  for (S s : {S::kNoShard, S::kZero1, S::kFullShard}) {
+    const fp::StepTime a = fp::estimate_step_time(m, par(s, 16, 0, 8), st, cpu);
+    const fp::StepTime b = fp::estimate_step_time(m, par(s, 16, 0, 8), st, shared);
+    EXPECT_NEAR(b.comm_s, 0.4 * a.comm_s, 1e-9 * a.comm_s) << fsdp::to_string(s);
+    EXPECT_NEAR(a.step_s - b.step_s, 0.6 * a.comm_s, 1e-9 * a.step_s) << fsdp::to_string(s);
+  }
   // Overlapping communication ignores the factor.
   fp::DeviceProfile h100_slow = h100;
   h100_slow.all_reduce.shared_core_factor = 10;

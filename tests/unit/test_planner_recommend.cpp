@@ -206,6 +206,39 @@ TEST(PlannerProfile, BuiltinsRoundTripThroughJson) {
       EXPECT_NE(std::string(e.what()).find("memory_copy_bytes_per_s"), std::string::npos) << e.what();
     }
   }
+  // compute_oversubscribed round-trips (absent: false); only there may a shared-core factor be
+  // below 1, down to kMinOversubscribedFactor; it needs comm_overlaps_compute false.
+  {
+    fp::DeviceProfile c = fp::builtin_profile("a100");
+    c.comm_overlaps_compute = false;
+    c.compute_oversubscribed = true;
+    c.reduce_scatter.shared_core_factor = 0.4;
+    const fp::DeviceProfile d = fp::profile_from_json(fp::profile_to_json(c));
+    EXPECT_TRUE(d.compute_oversubscribed);
+    EXPECT_DOUBLE_EQ(d.reduce_scatter.shared_core_factor, 0.4);
+    nlohmann::json j = nlohmann::json::parse(fp::profile_to_json(c));
+    auto refused = [](const nlohmann::json& k, const std::string& field) {
+      try {
+        fp::profile_from_json(k.dump());
+        ADD_FAILURE() << "accepted: " << k.dump();
+      } catch (const fsdp::Error& e) {
+        EXPECT_EQ(e.kind(), fsdp::ErrorKind::kCorruptData);
+        EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+      }
+    };
+    j["collectives"]["reduce_scatter"]["shared_core_factor"] = 0.05;
+    refused(j, "reduce_scatter.shared_core_factor");
+    j["collectives"]["reduce_scatter"]["shared_core_factor"] = 0.4;
+    j["compute_oversubscribed"] = false;
+    refused(j, "reduce_scatter.shared_core_factor");
+    j.erase("compute_oversubscribed");
+    refused(j, "reduce_scatter.shared_core_factor");
+    j["collectives"]["reduce_scatter"]["shared_core_factor"] = 1.0;
+    EXPECT_FALSE(fp::profile_from_json(j.dump()).compute_oversubscribed);
+    j["compute_oversubscribed"] = true;
+    j["comm_overlaps_compute"] = true;
+    refused(j, "compute_oversubscribed");
+  }
   try {
     fp::profile_from_json(R"({"name": "x", "memory_bytes": 1})");
     ADD_FAILURE() << "a profile without ranks_per_node accepted";

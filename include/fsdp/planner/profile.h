@@ -12,6 +12,11 @@
 
 namespace fsdp::planner {
 
+/// The smallest shared_core_factor a profile holds where compute oversubscribes the cores: the
+/// calibration's collectives take about half a training pass alone, and a difference below a tenth
+/// of that is within the pass's own spread, so smaller measured factors are taken as this.
+constexpr double kMinOversubscribedFactor = 0.1;
+
 /// alpha-beta parameters of one ring step: a collective over n ranks costs (n-1) x alpha_s plus
 /// its ring wire bytes (traffic.h) / bandwidth_bytes_per_s.
 struct LinkProfile {
@@ -28,9 +33,12 @@ struct CollectiveLinks {
   /// alone (the links' figures), measured with the collectives running beside the model's
   /// forward + backward ([Note: collectives beside compute] in the calibration). Both threads
   /// slow down when they share cores, and a rank whose communication thread waits for its peer's
-  /// keeps a core busy: the factor is often above 1. At least 1 (the engine waits for every
-  /// collective: what runs beside a pass without such waits a step does not hide); 1 where not
-  /// measured; unused where communication overlaps compute.
+  /// keeps a core busy: the factor is often above 1. At least 1 where the ranks' compute threads
+  /// fit the cores (the engine waits for every collective: what runs beside a pass without such
+  /// waits a step does not hide); in [kMinOversubscribedFactor, 1000] where they oversubscribe them
+  /// (DeviceProfile::compute_oversubscribed: a rank that waits hands its core to another rank's
+  /// compute, so a collective costs the step its share of the cores, not its wall time); 1 where
+  /// not measured; unused where communication overlaps compute.
   double shared_core_factor = 1.0;
 };
 
@@ -99,6 +107,12 @@ struct DeviceProfile {
   /// machine whose ranks, each with a communication thread, use every core): the time model then
   /// adds every collective to the compute thread's time.
   bool comm_overlaps_compute = true;
+  /// True where the compute threads alone need more cores than the node has (calibrated: ranks per
+  /// node x intra-op threads > cores), so the ranks' compute time-shares the cores: the calibration
+  /// then times every compute-thread figure from one barrier to the next (what a step's
+  /// synchronised ranks get together), and shared_core_factor may be below 1. False for the
+  /// datasheet profiles and where absent from a profile file.
+  bool compute_oversubscribed = false;
   CollectiveLinks all_gather, reduce_scatter, all_reduce;
   /// False for a profile calibrated at N = 1 (no collective was measured): it plans one rank only.
   bool has_collectives = true;
