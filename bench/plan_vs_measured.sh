@@ -6,7 +6,7 @@
 # next to fsdp-plan's (strategy_table.py).
 #
 #   bash bench/plan_vs_measured.sh [OUT_DIR]      (env: BIN=build/bin PRESETS="micro gpt2"
-#                                                  NRANKS="1 2 4" STEPS=6 GLOBAL_BATCH=4 SEQ_LEN=64
+#                                                  NRANKS="1 2 4" STEPS=11 GLOBAL_BATCH=4 SEQ_LEN=64
 #                                                  STRATEGIES="no_shard zero1 ...")
 #   python3 bench/pvm_summary.py OUT_DIR           (the tables of docs/BENCHMARKS.md)
 #
@@ -18,7 +18,7 @@ OUT=${1:-out/plan_vs_measured}
 BIN=${BIN:-build/bin}
 PRESETS=${PRESETS:-"micro gpt2"}
 NRANKS=${NRANKS:-"1 2 4"}
-STEPS=${STEPS:-6}
+STEPS=${STEPS:-11}
 STRATEGIES=${STRATEGIES:-"no_shard zero1 shard_grad_op full_shard hybrid_shard"}
 GLOBAL_BATCH=${GLOBAL_BATCH:-4}
 SEQ_LEN=${SEQ_LEN:-64}

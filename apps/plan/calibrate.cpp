@@ -237,13 +237,14 @@ struct TrainingPass {
     loss.backward();
     return now_s() - t0;
   }
-  /// The median seconds of a pass, all ranks at once after a warm-up (3 to 9 runs, about a
-  /// second; the count agreed across ranks), timed by `timer` ([Note: timing together]).
+  /// The median seconds of a pass, all ranks at once after a warm-up (5 to 25 runs, about two
+  /// seconds: a pass's time spreads by ~10% on a shared 2-core guest; the count agreed across
+  /// ranks), timed by `timer` ([Note: timing together]).
   double median_s(WorkTimer& timer) {
     fsdp::comm::ProcessGroup& g = timer.group();
     g.barrier()->wait();  // all ranks compute at once, as in training
     const double first_s = across_ranks(g, {run()}, /*min=*/false)[0];
-    const int reps = static_cast<int>(std::clamp(std::ceil(1.0 / std::max(first_s, 1e-9)), 3.0, 9.0));
+    const int reps = static_cast<int>(std::clamp(std::ceil(2.0 / std::max(first_s, 1e-9)), 5.0, 25.0));
     std::vector<double> t;
     for (int r = 0; r < reps; ++r) t.push_back(timer.seconds([&] { run(); }));
     return median(t);

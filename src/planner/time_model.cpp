@@ -14,17 +14,25 @@ using S = fsdp::ShardingStrategy;
 using K = fsdp::comm::CollectiveKind;
 const ErrorContext kTimeModelWhere{-1, "", "planner time model"};
 
+// One collective in the replay: seconds on its group's queue, and seconds it takes from the
+// compute thread while it runs ([Note: time-shared cores]).
+struct Op {
+  double queue_s = 0.0;
+  double cpu_s = 0.0;
+};
+
 // One process group's communication thread: ops run one after another in issue order. Where
-// communication shares the compute cores (DeviceProfile::comm_overlaps_compute false), an op also
-// takes its duration from the compute thread: `t` moves past it at issue.
+// communication shares the compute cores (DeviceProfile::comm_overlaps_compute false, compute
+// fitting the cores), an op also takes its duration from the compute thread: `t` moves past it at
+// issue. Otherwise the compute thread goes on, less the op's cpu_s.
 class Queue {
  public:
   explicit Queue(bool overlaps) : overlaps_(overlaps) {}
-  // Issues an op of duration d at compute time t that starts once `ready` has passed (another
-  // queue's op it depends on); returns when it completes.
-  double issue(double& t, double d, double ready = 0.0) {
-    free_at_ = std::max({t, free_at_, ready}) + d;
-    if (!overlaps_) t = free_at_;
+  // Issues op `o` at compute time t that starts once `ready` has passed (another queue's op it
+  // depends on); returns when it completes.
+  double issue(double& t, const Op& o, double ready = 0.0) {
+    free_at_ = std::max({t, free_at_, ready}) + o.queue_s;
+    t = overlaps_ ? t + o.cpu_s : free_at_;
     return free_at_;
   }
   double free_at() const { return free_at_; }
@@ -94,12 +102,19 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   const bool rep_x = group_crosses_nodes(par, GroupKind::kReplicate);
   const bool world_x = group_crosses_nodes(par, GroupKind::kWorld);
 
-  // A collective's seconds on the step's clock: its time alone, times the profile's shared-core
-  // factor where communication shares the compute cores (profile.h CollectiveLinks).
-  const bool overlaps = profile.comm_overlaps_compute;
-  auto op_s = [&](K kind, int64_t bytes, int64_t n, bool crosses) {
+  // A collective in the replay (profile.h CollectiveLinks). Overlapping communication: its time
+  // alone on its queue. Shared cores, compute fitting them: time alone x the shared-core factor,
+  // on the compute thread's clock. [Note: time-shared cores] Compute oversubscribing the cores:
+  // its time alone on its queue, and time alone x the factor (its share of the cores, measured
+  // beside a pass that does not wait) from the compute thread; where the compute thread needs
+  // its result it waits for it, and every rank waits at once, so nobody's compute fills that time.
+  const bool time_shared = profile.compute_oversubscribed;
+  const bool overlaps = profile.comm_overlaps_compute || time_shared;
+  auto op = [&](K kind, int64_t bytes, int64_t n, bool crosses) {
     const double alone = collective_time_s(profile, kind, bytes, n, crosses);
-    return alone > 0 && !overlaps ? alone * profile.links(kind).shared_core_factor : alone;
+    if (alone <= 0 || profile.comm_overlaps_compute) return Op{alone, 0.0};
+    const double f = profile.links(kind).shared_core_factor;
+    return time_shared ? Op{alone, alone * f} : Op{alone * f, 0.0};
   };
   // [Note: engine copies] The engine's own passes over memory on the compute thread, at the
   // profile's copy rate (bytes read + written): an unshard casts the fp32 shard to param_dtype
@@ -112,9 +127,10 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
              "' has no memory copy rate");
   auto copy_s = [&](int64_t bytes) { return static_cast<double>(bytes) / copy_rate; };
   std::vector<double> unshard_copy(U, 0.0), pack_copy(U, 0.0), add_copy(U, 0.0);
-  std::vector<double> fwd(U), bwd(U), ag(U, 0.0), rs(U, 0.0), rep(U, 0.0);
+  std::vector<double> fwd(U), bwd(U);
+  std::vector<Op> ag(U), rs(U), rep(U);
   double update_s = 0.0;  // the step update of this rank's trainable shards, tensor by tensor
-  std::vector<std::vector<double>> buckets(U);
+  std::vector<std::vector<Op>> buckets(U);
   std::vector<bool> has(U), trains(U);
   for (int64_t u = 0; u < U; ++u) {
     const UnitFlops f = unit_flops(model, u, setup);
@@ -136,12 +152,12 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     }
     pack_copy[u] = copy_s((pb + rb) * (ddp ? n.trainable_numel : n.reduce_numel));
     add_copy[u] = copy_s((rb + kMasterBytes) * (ddp ? n.trainable_numel : n.real_trainable_numel));
-    ag[u] = op_s(K::kAllGather, pb * n.gathered_numel, G, shard_x);
-    rs[u] = op_s(K::kReduceScatter, rb * n.reduce_numel, G, shard_x);
-    if (s == S::kHybridShard && G < N) rep[u] = op_s(K::kAllReduce, rb * n.reduce_shard_numel, N / G, rep_x);
+    ag[u] = op(K::kAllGather, pb * n.gathered_numel, G, shard_x);
+    rs[u] = op(K::kReduceScatter, rb * n.reduce_numel, G, shard_x);
+    if (s == S::kHybridShard && G < N) rep[u] = op(K::kAllReduce, rb * n.reduce_shard_numel, N / G, rep_x);
     if (ddp) {
       for (int64_t b : ddp_bucket_numels(model.units[u], setup.bucket_cap_bytes, rb)) {
-        buckets[u].push_back(op_s(K::kAllReduce, rb * b, N, world_x));
+        buckets[u].push_back(op(K::kAllReduce, rb * b, N, world_x));
       }
     }
   }
@@ -204,12 +220,12 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
       if (!sync || !trains[u]) return;
       copy(pack_copy[u]);
       if (ddp) {
-        for (double d : buckets[u]) world_q.issue(t, d);
+        for (const Op& d : buckets[u]) world_q.issue(t, d);
         return;
       }
       rs_done[u] = shard_q.issue(t, rs[u]);
       // hybrid's replica all-reduce, issued with it, starts once the reduce-scatter is done
-      if (rep[u] > 0) rs_done[u] = rep_q.issue(t, rep[u], rs_done[u]);
+      if (rep[u].queue_s > 0) rs_done[u] = rep_q.issue(t, rep[u], rs_done[u]);
       if (pending >= 0) finish(pending);
       pending = u;
     };
@@ -231,9 +247,9 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     }
   }
   // After backward, on the compute thread: the finite check, the grad norm and the update.
-  if (setup.nonfinite_check) t = world_q.issue(t, op_s(K::kAllReduce, 8 * N, N, world_x));
-  if (setup.clip_grad_norm) t = world_q.issue(t, op_s(K::kAllReduce, 16, N, world_x));
-  if (setup.loss_scaling) t = world_q.issue(t, op_s(K::kAllReduce, 8, N, world_x));
+  if (setup.nonfinite_check) t = world_q.issue(t, op(K::kAllReduce, 8 * N, N, world_x));
+  if (setup.clip_grad_norm) t = world_q.issue(t, op(K::kAllReduce, 16, N, world_x));
+  if (setup.loss_scaling) t = world_q.issue(t, op(K::kAllReduce, 8, N, world_x));
   t += update_s;
 
   StepTime r;
@@ -242,7 +258,7 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   r.update_s = update_s;
   r.copy_s = copied_s;
   for (const auto& c : step_traffic(model, par, setup).calls) {
-    r.comm_s += op_s(c.kind, c.logical_bytes, c.group_size, c.crosses_nodes);
+    r.comm_s += op(c.kind, c.logical_bytes, c.group_size, c.crosses_nodes).queue_s;
   }
   r.step_s = t;
   r.exposed_comm_s = std::max(0.0, t - r.compute_s - r.update_s - r.copy_s);
