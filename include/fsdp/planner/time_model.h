@@ -60,6 +60,10 @@ struct StepTime {
 /// copies only with a cast (p, r: param and reduce dtype bytes; S: shard elements). Where the profile's
 /// communication shares the compute cores (comm_overlaps_compute false) every collective also
 /// takes its time from the compute thread, times its kind's shared_core_factor: nothing hides.
+/// Where the compute threads oversubscribe the cores (compute_oversubscribed) each collective runs
+/// on its queue for its time alone and takes time alone x shared_core_factor (its share of the
+/// cores) from the compute thread, which waits where it needs the result (docs/planner.md,
+/// "Compute that oversubscribes the cores").
 /// Throws fsdp::Error (kInvalidArgument) for a bad parallelism or setup, or a profile with no rate.
 StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, const StepSetup& setup,
                             const DeviceProfile& profile);
