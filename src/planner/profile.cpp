@@ -342,17 +342,15 @@ DeviceProfile profile_from_json(const std::string& text) {
     links[k]->inter_node = link_from(field<json>(e, "inter_node", where), where + ".inter_node");
     // Absent in profiles written before it was measured: 1 (a collective costs its time alone).
     if (e.contains("shared_core_factor")) {
-      const double f = non_negative(e, "shared_core_factor", where, kMaxSharedCoreFactor);
-      if (p.compute_oversubscribed) {
-        FSDP_CHECK(f >= kMinOversubscribedFactor, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
-                   ".shared_core_factor must be in [", kMinOversubscribedFactor, ", ", kMaxSharedCoreFactor,
-                   "] where compute oversubscribes the cores, got ", f);
-      } else {
-        FSDP_CHECK(f >= 1.0, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
-                   ".shared_core_factor must be in [1, ", kMaxSharedCoreFactor, "] (a collective costs a step at least "
-                   "its time alone where it shares the cores and compute fits them; below 1 only with "
-                   "compute_oversubscribed true), got ", f);
-      }
+      // One range per regime, named whole in the message.
+      const double f = field<double>(e, "shared_core_factor", where);
+      const double lo = p.compute_oversubscribed ? kMinOversubscribedFactor : 1.0;
+      FSDP_CHECK(f >= lo && f <= kMaxSharedCoreFactor, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
+                 ".shared_core_factor must be in [", lo, ", ", kMaxSharedCoreFactor, "] ",
+                 p.compute_oversubscribed ? "where compute oversubscribes the cores"
+                                          : "(a collective costs a step at least its time alone where it shares the "
+                                            "cores and compute fits them; below 1 only with compute_oversubscribed true)",
+                 ", got ", f);
       links[k]->shared_core_factor = f;
     }
   }
