@@ -313,9 +313,11 @@ double shared_core_factor(WorkTimer& timer, CollectiveKind kind, double op_alone
   // At least 1 where the compute threads fit the cores: the engine waits for every collective (an
   // all-gather before the unit's use, a reduce-scatter before the next one is issued), so what a
   // pass without such waits hides (a factor below 1) a step does not. Where they oversubscribe the
-  // cores a rank that waits hands its core to another rank's compute, so what hides beside the
-  // pass hides in a step too (reduce-scatters measured 0.34-0.49 at N = 4 on 2 cores); at least
-  // kMinOversubscribedFactor there (smaller differences are within the pass's spread).
+  // cores the factor is a collective's share of the cores beside compute (while a communication
+  // thread waits for its peers, the other ranks' compute uses the core; reduce-scatters measured
+  // 0.22-0.51 at N = 4 on 2 cores), and the replay adds the step's waits on its own ([Note:
+  // time-shared cores]); at least kMinOversubscribedFactor there (smaller differences are within
+  // the pass's spread).
   const double added_s = across_ranks(g, {median(added)}, /*min=*/false)[0];
   return std::max(timer.together() ? fp::kMinOversubscribedFactor : 1.0, added_s / (count * op_alone_s));
 }
@@ -375,9 +377,9 @@ std::vector<fp::UpdatePoint> step_update_points(fp::OptimizerKind kind, WorkTime
 }
 
 // Bytes read + written per second by at::Tensor::copy_ of a 16 MiB fp32 tensor into another (a
-// unit's size: the engine copies a unit at a time), 4 at a time, caches flushed before each run (a 128 MiB buffer
-// is written: a step's compute leaves them full of other data), all ranks at once, timed by `timer`
-// ([Note: timing together]), median of 9 after a warm-up, the slowest rank.
+// unit's size: the engine copies a unit at a time), 4 at a time, caches flushed before each run
+// (a 128 MiB buffer is written: a step's compute leaves them full of other data), all ranks at
+// once, timed by `timer` ([Note: timing together]), median of 9 after a warm-up, the slowest rank.
 double memory_copy_rate(WorkTimer& timer) {
   fsdp::comm::ProcessGroup& g = timer.group();
   const int64_t elems = int64_t{1} << 22;

@@ -36,9 +36,11 @@ struct CollectiveLinks {
   /// keeps a core busy: the factor is often above 1. At least 1 where the ranks' compute threads
   /// fit the cores (the engine waits for every collective: what runs beside a pass without such
   /// waits a step does not hide); in [kMinOversubscribedFactor, 1000] where they oversubscribe them
-  /// (DeviceProfile::compute_oversubscribed: a rank that waits hands its core to another rank's
-  /// compute, so a collective costs the step its share of the cores, not its wall time); 1 where
-  /// not measured; unused where communication overlaps compute.
+  /// (DeviceProfile::compute_oversubscribed: while a communication thread waits for its peers the
+  /// other ranks' compute threads use the core, so a collective running beside compute costs it
+  /// only its share of the cores; the replay charges that share and, separately, the waits where
+  /// compute needs the result: [Note: time-shared cores]); 1 where not measured; unused where
+  /// communication overlaps compute.
   double shared_core_factor = 1.0;
 };
 
