@@ -237,25 +237,27 @@ struct TrainingPass {
     loss.backward();
     return now_s() - t0;
   }
-  /// The median seconds of a pass, all ranks at once after a warm-up (5 to 25 runs, about two
-  /// seconds: a pass's time spreads by ~10% on a shared 2-core guest; the count agreed across
-  /// ranks), timed by `timer` ([Note: timing together]).
-  double median_s(WorkTimer& timer) {
+  /// Times passes, all ranks at once after a warm-up pass (5 to 25 of them, about two seconds: a
+  /// pass's time spreads by ~10% on a shared 2-core guest; the count agreed across ranks), by
+  /// `timer` ([Note: timing together]), and keeps their seconds in `samples_s`. Blocking; every
+  /// rank calls it at the same point.
+  void sample(WorkTimer& timer) {
     fsdp::comm::ProcessGroup& g = timer.group();
     g.barrier()->wait();  // all ranks compute at once, as in training
     const double first_s = across_ranks(g, {run()}, /*min=*/false)[0];
     const int reps = static_cast<int>(std::clamp(std::ceil(2.0 / std::max(first_s, 1e-9)), 5.0, 25.0));
-    std::vector<double> t;
-    for (int r = 0; r < reps; ++r) t.push_back(timer.seconds([&] { run(); }));
-    return median(t);
+    for (int r = 0; r < reps; ++r) samples_s.push_back(timer.seconds([&] { run(); }));
   }
+  std::vector<double> samples_s;  ///< seconds of each timed pass so far
 };
 
 // [Note: model rate] The FLOP rate a training forward + backward of the model reaches (TrainingPass),
 // all ranks at once; FLOPs from the planner's unit_flops (root + blocks), so the time model divides
-// the same count by this rate. The slowest rank's rate.
-double model_rate(TrainingPass& pass, WorkTimer& timer) {
-  return across_ranks(timer.group(), {pass.flops / pass.median_s(timer)}, /*min=*/true)[0];
+// the same count by this rate: the planner's FLOPs over the median of the pass's samples so far,
+// the slowest rank's. The step's precision is sampled twice, at the start of the calibration and
+// again at its end ([Note: model rate twice]).
+double model_rate(TrainingPass& pass, fsdp::comm::ProcessGroup& g) {
+  return across_ranks(g, {pass.flops / median(pass.samples_s)}, /*min=*/true)[0];
 }
 
 // [Note: collectives beside compute] What a collective costs a training step where communication
@@ -476,6 +478,10 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
     }
   }
   p.calibration_world_size = N;
+  p.calibration_model = m.name;
+  p.calibration_model_params = m.num_params();
+  p.calibration_micro_batch_size = in.step.micro_batch_size;
+  p.calibration_seq_len = in.step.seq_len;
 
   p.matmul_flops_per_s_fp32 = matmul_rate(m, rows, at::kFloat, world);
   p.matmul_flops_per_s_bf16 = matmul_rate(m, rows, at::kBFloat16, world);
@@ -496,32 +502,29 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
     step_pass = std::make_unique<TrainingPass>(m, in.step, step_dtype, p.ranks_per_node);
   } else {
     TrainingPass f32(m, in.step, at::kFloat, p.ranks_per_node);
-    p.model_flops_per_s_fp32 = model_rate(f32, timer);
+    f32.sample(timer);
+    p.model_flops_per_s_fp32 = model_rate(f32, world);
     const int64_t n_layer = f32.n_layer;
     if (step_dtype == at::kFloat) step_pass = std::make_unique<TrainingPass>(std::move(f32));
     {
       TrainingPass b16(m, in.step, at::kBFloat16, p.ranks_per_node);
-      p.model_flops_per_s_bf16 = model_rate(b16, timer);
+      b16.sample(timer);
+      p.model_flops_per_s_bf16 = model_rate(b16, world);
       if (step_dtype == at::kBFloat16) step_pass = std::make_unique<TrainingPass>(std::move(b16));
     }
     // fp16 only when asked for: CPUs without fp16 matmul units run it ~10x slower than bf16.
     const bool fp16 = step_dtype == at::kHalf;
     if (fp16) {
       step_pass = std::make_unique<TrainingPass>(m, in.step, at::kHalf, p.ranks_per_node);
-      p.model_flops_per_s_fp16 = model_rate(*step_pass, timer);
+      step_pass->sample(timer);
+      p.model_flops_per_s_fp16 = model_rate(*step_pass, world);
     }
     model_source = "model_flops_per_s: a training forward + backward of " + m.name + " (" +
                    std::to_string(n_layer) + " of its " + std::to_string(m.arch.n_layer) + " blocks), " +
                    std::to_string(in.step.micro_batch_size) + " x " + std::to_string(in.step.seq_len) +
-                   " tokens, cross-entropy loss; the planner's FLOPs of that module over the median seconds, "
+                   " tokens, cross-entropy loss; the planner's FLOPs of that module over the median seconds (5-25 "
+                   "passes; the step's precision sampled again at the end of the calibration, the median over both), "
                    "slowest rank, all ranks at once; fp16 only with --mixed-precision fp16";
-    if (root) {
-      char buf[200];
-      std::snprintf(buf, sizeof(buf), "training forward + backward of %s: fp32 %.1f, bf16 %.1f GFLOP/s per rank%s",
-                    m.name.c_str(), p.model_flops_per_s_fp32 * 1e-9, p.model_flops_per_s_bf16 * 1e-9,
-                    fp16 ? (", fp16 " + std::to_string(p.model_flops_per_s_fp16 * 1e-9)).c_str() : "");
-      log << buf << std::endl;
-    }
   }
   p.memory_copy_bytes_per_s = memory_copy_rate(timer);
   // Per element: the largest tensor's rate (beyond the caches), for sizes past the points.
@@ -555,6 +558,23 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
                     "a training forward + backward of " + m.name +
                     " running beside them (a parameter-count model: 1024 x 1024 matmuls), over their time alone; "
                     "the median of 5 pairs (pass alone, pass with collectives), slowest rank, all ranks at once";
+  }
+  // [Note: model rate twice] The machine's speed drifts over tens of seconds (a shared guest), and a
+  // calibration takes about that long: the step's precision is sampled again here, at its end, and
+  // its rate is the median over both windows.
+  if (m.arch.kind != fp::BlockKind::kNone) {
+    step_pass->sample(timer);
+    double& rate = step_dtype == at::kBFloat16 ? p.model_flops_per_s_bf16
+                   : step_dtype == at::kHalf   ? p.model_flops_per_s_fp16
+                                               : p.model_flops_per_s_fp32;
+    rate = model_rate(*step_pass, world);
+    if (root) {
+      char buf[200];
+      std::snprintf(buf, sizeof(buf), "training forward + backward of %s: fp32 %.1f, bf16 %.1f GFLOP/s per rank%s",
+                    m.name.c_str(), p.model_flops_per_s_fp32 * 1e-9, p.model_flops_per_s_bf16 * 1e-9,
+                    step_dtype == at::kHalf ? (", fp16 " + std::to_string(p.model_flops_per_s_fp16 * 1e-9)).c_str() : "");
+      log << buf << std::endl;
+    }
   }
   if (root) {
     char buf[420];

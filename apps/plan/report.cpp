@@ -157,6 +157,7 @@ std::string format_plan(const fp::Plan& p) {
   }
   if (r.activation_checkpointing) os << ", with activation checkpointing";
   os << "\n  why: " << r.reason << ".\n";
+  for (const std::string& note : p.notes) os << "Note: " << note << ".\n";
   return os.str();
 }
 

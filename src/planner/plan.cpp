@@ -250,7 +250,32 @@ Plan make_plan(const PlanInputs& in) {
                                   gb(static_cast<double>(plan.memory_per_rank_bytes)) + " per rank less " +
                                   std::to_string(static_cast<int>(std::lround(in.headroom * 100))) + "% headroom)";
   plan.recommendation = recommend(in, all, rpn, usable, usable_text);
+  plan.notes = profile_notes(in);
   return plan;
+}
+
+std::vector<std::string> profile_notes(const PlanInputs& in) {
+  const DeviceProfile& p = in.profile;
+  std::vector<std::string> notes;
+  if (p.calibration_world_size <= 0) return notes;
+  const std::string source = "profile '" + p.name + "' was calibrated ";
+  if (p.calibration_world_size != in.world_size) {
+    notes.push_back(str_cat(source, "at world size ", p.calibration_world_size, ", this plan is for ", in.world_size,
+                            ": its collective fits and shared-core factors were measured over that group "
+                            "(a calibration at the planned world size gives the closest step time)"));
+  }
+  if (p.calibration_model.empty()) return notes;  // written before the calibrated setup was recorded
+  if (p.calibration_model != in.model.name || p.calibration_model_params != in.model.num_params()) {
+    notes.push_back(str_cat(source, "with ", p.calibration_model, " (", p.calibration_model_params,
+                            " params), this plan is for ", in.model.name, " (", in.model.num_params(),
+                            " params): its model FLOP rate is another model's"));
+  }
+  if (p.calibration_micro_batch_size != in.step.micro_batch_size || p.calibration_seq_len != in.step.seq_len) {
+    notes.push_back(str_cat(source, "at micro-batch ", p.calibration_micro_batch_size, " x ", p.calibration_seq_len,
+                            " tokens, this plan is for ", in.step.micro_batch_size, " x ", in.step.seq_len,
+                            ": its model FLOP rate is for other matmul shapes"));
+  }
+  return notes;
 }
 
 int64_t parse_bytes(const std::string& text) {

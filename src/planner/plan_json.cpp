@@ -129,6 +129,7 @@ std::string plan_to_json(const Plan& plan) {
                          {"world_size", r.choice.world_size},
                          {"activation_checkpointing", r.activation_checkpointing || in.step.activation_checkpointing},
                          {"reason", r.reason}};
+  j["notes"] = plan.notes;
   return j.dump(2) + "\n";
 }
 

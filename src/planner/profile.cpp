@@ -96,23 +96,29 @@ constexpr double kMaxBytes = 1152921504606846976.0;  // 2^60
 constexpr int64_t kMaxNumel = int64_t{1} << 50;
 constexpr double kMaxSharedCoreFactor = 1000.0;
 
+// A field's path in the file: "collectives.all_gather.alpha_s"; a top-level field (where "") by its key.
+std::string path_of(const std::string& where, const char* key) {
+  return where.empty() ? std::string(key) : where + "." + key;
+}
+
+// `where`: the path of the object holding `key` ("" for the file's top level).
 template <typename T>
 T field(const json& j, const char* key, const std::string& where) {
-  FSDP_CHECK(j.is_object(), ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
+  FSDP_CHECK(j.is_object(), ErrorKind::kCorruptData, kProfileWhere, "profile: ", where.empty() ? "the file" : where,
              " must be a JSON object, got ", j.type_name());
-  FSDP_CHECK(j.contains(key), ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
-             " has no field '", key, "'");
+  FSDP_CHECK(j.contains(key), ErrorKind::kCorruptData, kProfileWhere, "profile: ",
+             where.empty() ? "the file" : where, " has no field '", key, "'");
   try {
     return j.at(key).get<T>();
   } catch (const json::exception& e) {
-    throw Error(ErrorKind::kCorruptData, kProfileWhere, str_cat("profile: ", where, ".", key, ": ", e.what()));
+    throw Error(ErrorKind::kCorruptData, kProfileWhere, str_cat("profile: ", path_of(where, key), ": ", e.what()));
   }
 }
 
 // A number in [0, hi].
 double non_negative(const json& j, const char* key, const std::string& where, double hi) {
   const double v = field<double>(j, key, where);
-  FSDP_CHECK(v >= 0.0 && v <= hi, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where, ".", key,
+  FSDP_CHECK(v >= 0.0 && v <= hi, ErrorKind::kCorruptData, kProfileWhere, "profile: ", path_of(where, key),
              " must be in [0, ", hi, "], got ", v);
   return v;
 }
@@ -120,7 +126,7 @@ double non_negative(const json& j, const char* key, const std::string& where, do
 // A rate per second: 0 (not measured) or in [1, kMaxRate].
 double rate(const json& j, const char* key, const std::string& where) {
   const double v = non_negative(j, key, where, kMaxRate);
-  FSDP_CHECK(v == 0.0 || v >= 1.0, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where, ".", key,
+  FSDP_CHECK(v == 0.0 || v >= 1.0, ErrorKind::kCorruptData, kProfileWhere, "profile: ", path_of(where, key),
              " must be 0 or in [1, ", kMaxRate, "], got ", v);
   return v;
 }
@@ -267,6 +273,12 @@ std::string profile_to_json(const DeviceProfile& p) {
   }
   if (p.calibration_world_size > 0) {
     j["calibration"]["world_size"] = p.calibration_world_size;
+    if (!p.calibration_model.empty()) {
+      j["calibration"]["model"] = p.calibration_model;
+      j["calibration"]["model_params"] = p.calibration_model_params;
+      j["calibration"]["micro_batch_size"] = p.calibration_micro_batch_size;
+      j["calibration"]["seq_len"] = p.calibration_seq_len;
+    }
     for (size_t k = 0; k < p.fits.size() && k < 3; ++k) {
       json pts = json::array();
       for (const auto& pt : p.fits[k].points) pts.push_back({pt.logical_bytes, pt.seconds});
@@ -286,11 +298,11 @@ DeviceProfile profile_from_json(const std::string& text) {
     throw Error(ErrorKind::kCorruptData, kProfileWhere, str_cat("profile: not JSON: ", e.what()));
   }
   DeviceProfile p;
-  p.name = field<std::string>(j, "name", "profile");
+  p.name = field<std::string>(j, "name", "");
   p.description = j.value("description", std::string());
-  if (j.contains("sources")) p.sources = field<std::vector<std::string>>(j, "sources", "profile");
-  p.memory_bytes = static_cast<int64_t>(non_negative(j, "memory_bytes", "profile", kMaxBytes));
-  p.ranks_per_node = field<int64_t>(j, "ranks_per_node", "profile");
+  if (j.contains("sources")) p.sources = field<std::vector<std::string>>(j, "sources", "");
+  p.memory_bytes = static_cast<int64_t>(non_negative(j, "memory_bytes", "", kMaxBytes));
+  p.ranks_per_node = field<int64_t>(j, "ranks_per_node", "");
   FSDP_CHECK(p.ranks_per_node <= (int64_t{1} << 20), ErrorKind::kCorruptData, kProfileWhere,
              "profile: ranks_per_node must be at most 2^20, got ", p.ranks_per_node);
   FSDP_CHECK(p.ranks_per_node >= 1, ErrorKind::kCorruptData, kProfileWhere, "profile: ranks_per_node must be >= 1");
@@ -300,7 +312,7 @@ DeviceProfile profile_from_json(const std::string& text) {
   p.matmul_flops_per_s_fp16 = f.contains("fp16") ? rate(f, "fp16", "matmul_flops_per_s") : 0.0;
   FSDP_CHECK(p.matmul_flops_per_s_fp32 > 0 && p.matmul_flops_per_s_bf16 > 0, ErrorKind::kCorruptData, kProfileWhere,
              "profile: matmul_flops_per_s.fp32 and .bf16 must be > 0");
-  p.compute_efficiency = j.contains("compute_efficiency") ? non_negative(j, "compute_efficiency", "profile", 1.0) : 1.0;
+  p.compute_efficiency = j.contains("compute_efficiency") ? non_negative(j, "compute_efficiency", "", 1.0) : 1.0;
   FSDP_CHECK(p.compute_efficiency > 0 && p.compute_efficiency <= 1.0, ErrorKind::kCorruptData, kProfileWhere,
              "profile: compute_efficiency must be in (0, 1], got ", p.compute_efficiency);
   if (j.contains("model_flops_per_s")) {
@@ -309,7 +321,7 @@ DeviceProfile profile_from_json(const std::string& text) {
     p.model_flops_per_s_bf16 = rate(mf, "bf16", "model_flops_per_s");
     p.model_flops_per_s_fp16 = rate(mf, "fp16", "model_flops_per_s");
   }
-  const json& u = field<json>(j, "step_update_s_per_elem", "profile");
+  const json& u = field<json>(j, "step_update_s_per_elem", "");
   p.step_update_s_per_elem_adamw = non_negative(u, "adamw", "step_update_s_per_elem", kMaxSeconds);
   p.step_update_s_per_elem_sgd_momentum = non_negative(u, "sgd-momentum", "step_update_s_per_elem", kMaxSeconds);
   p.step_update_s_per_elem_sgd = non_negative(u, "sgd", "step_update_s_per_elem", kMaxSeconds);
@@ -322,13 +334,13 @@ DeviceProfile profile_from_json(const std::string& text) {
   FSDP_CHECK(j.contains("memory_copy_bytes_per_s"), ErrorKind::kCorruptData, kProfileWhere,
              "profile: no field 'memory_copy_bytes_per_s' (a profile calibrated before the copy rate was "
              "measured: calibrate again)");
-  p.memory_copy_bytes_per_s = field<double>(j, "memory_copy_bytes_per_s", "profile");
+  p.memory_copy_bytes_per_s = field<double>(j, "memory_copy_bytes_per_s", "");
   FSDP_CHECK(p.memory_copy_bytes_per_s >= 1.0 && p.memory_copy_bytes_per_s <= kMaxRate, ErrorKind::kCorruptData,
              kProfileWhere, "profile: memory_copy_bytes_per_s must be in [1, ", kMaxRate, "] bytes per second, got ",
              p.memory_copy_bytes_per_s);
-  p.comm_overlaps_compute = field<bool>(j, "comm_overlaps_compute", "profile");
+  p.comm_overlaps_compute = field<bool>(j, "comm_overlaps_compute", "");
   // Absent in profiles written before it was recorded: false.
-  if (j.contains("compute_oversubscribed")) p.compute_oversubscribed = field<bool>(j, "compute_oversubscribed", "profile");
+  if (j.contains("compute_oversubscribed")) p.compute_oversubscribed = field<bool>(j, "compute_oversubscribed", "");
   FSDP_CHECK(!(p.compute_oversubscribed && p.comm_overlaps_compute), ErrorKind::kCorruptData, kProfileWhere,
              "profile: compute_oversubscribed true needs comm_overlaps_compute false (compute that needs more "
              "cores than the node has leaves none to communication)");
@@ -357,13 +369,26 @@ DeviceProfile profile_from_json(const std::string& text) {
   if (j.contains("calibration")) {
     const json& cal = j.at("calibration");
     p.calibration_world_size = field<int64_t>(cal, "world_size", "calibration");
+    FSDP_CHECK(p.calibration_world_size >= 1, ErrorKind::kCorruptData, kProfileWhere,
+               "profile: calibration.world_size must be >= 1, got ", p.calibration_world_size);
+    // Absent in profiles written before the calibrated setup was recorded.
+    if (cal.contains("model")) {
+      p.calibration_model = field<std::string>(cal, "model", "calibration");
+      p.calibration_model_params = field<int64_t>(cal, "model_params", "calibration");
+      p.calibration_micro_batch_size = field<int64_t>(cal, "micro_batch_size", "calibration");
+      p.calibration_seq_len = field<int64_t>(cal, "seq_len", "calibration");
+      FSDP_CHECK(p.calibration_model_params >= 1 && p.calibration_micro_batch_size >= 1 && p.calibration_seq_len >= 1,
+                 ErrorKind::kCorruptData, kProfileWhere,
+                 "profile: calibration.model_params, .micro_batch_size and .seq_len must be >= 1, got ",
+                 p.calibration_model_params, ", ", p.calibration_micro_batch_size, " and ", p.calibration_seq_len);
+    }
     const json& fits = p.has_collectives ? field<json>(cal, "fits", "calibration") : json();
     for (const char* kind : kKinds) {
       if (!p.has_collectives) break;
       CalibrationFit fit;
       const json& e = field<json>(fits, kind, "calibration.fits");
-      fit.alpha_s = field<double>(e, "alpha_s", kind);
-      fit.beta_s_per_byte = field<double>(e, "beta_s_per_byte", kind);
+      fit.alpha_s = field<double>(e, "alpha_s", std::string("calibration.fits.") + kind);
+      fit.beta_s_per_byte = field<double>(e, "beta_s_per_byte", std::string("calibration.fits.") + kind);
       for (const auto& pt : e.value("points_bytes_seconds", json::array())) {
         fit.points.push_back({pt.at(0).get<int64_t>(), pt.at(1).get<double>()});
       }

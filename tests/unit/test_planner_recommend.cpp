@@ -352,6 +352,101 @@ TEST(PlannerProfile, OneRankCalibrationPlansOneRankOnly) {
   EXPECT_THROW(fp::profile_from_json(fp::profile_to_json(p)), fsdp::Error);
 }
 
+// A calibrated profile records its setup (world size, model, micro-batch x sequence length); a
+// plan for another setup gets one note per difference, naming both; a datasheet profile, a
+// matching setup and a profile written before the setup was recorded get none.
+TEST(PlannerProfile, CalibratedSetupRoundTripsAndNotesAPlanForAnother) {
+  const fp::ModelSpec micro = fp::gpt_model(fp::gpt_shape("micro", 8192), "micro");
+  fp::PlanInputs in = inputs(micro, 2, fp::Precision::kFp32, "a100");
+  in.step.micro_batch_size = 2;
+  in.step.seq_len = 64;
+  EXPECT_TRUE(fp::make_plan(in).notes.empty());  // datasheet profile
+  in.profile.name = "cal";
+  in.profile.calibration_world_size = 2;
+  in.profile.calibration_model = "micro";
+  in.profile.calibration_model_params = micro.num_params();
+  in.profile.calibration_micro_batch_size = 2;
+  in.profile.calibration_seq_len = 64;
+  fp::CalibrationFit fit;
+  fit.alpha_s = 1e-5;
+  fit.beta_s_per_byte = 1e-9;
+  in.profile.fits.assign(3, fit);
+  const fp::DeviceProfile back = fp::profile_from_json(fp::profile_to_json(in.profile));
+  EXPECT_EQ(back.calibration_model, "micro");
+  EXPECT_EQ(back.calibration_model_params, micro.num_params());
+  EXPECT_EQ(back.calibration_micro_batch_size, 2);
+  EXPECT_EQ(back.calibration_seq_len, 64);
+  in.profile = back;
+  EXPECT_TRUE(fp::make_plan(in).notes.empty());  // the calibrated setup
+  const auto has = [](const std::vector<std::string>& notes, const std::string& a, const std::string& b) {
+    for (const auto& n : notes) {
+      if (n.find(a) != std::string::npos && n.find(b) != std::string::npos) return true;
+    }
+    return false;
+  };
+  {
+    fp::PlanInputs other = in;
+    other.world_size = 4;
+    other.step.micro_batch_size = 1;
+    const std::vector<std::string> notes = fp::make_plan(other).notes;
+    ASSERT_EQ(notes.size(), 2u);
+    EXPECT_TRUE(has(notes, "world size 2", "for 4")) << notes[0];
+    EXPECT_TRUE(has(notes, "micro-batch 2 x 64", "for 1 x 64")) << notes[1];
+    EXPECT_NE(fp::plan_to_json(fp::make_plan(other)).find("world size 2"), std::string::npos);
+  }
+  {
+    fp::PlanInputs other = in;  // the same preset name with other dimensions
+    other.model = fp::gpt_model(fp::gpt_shape("micro", 4096), "micro");
+    const std::vector<std::string> notes = fp::make_plan(other).notes;
+    ASSERT_EQ(notes.size(), 1u);
+    EXPECT_TRUE(has(notes, std::to_string(micro.num_params()), std::to_string(other.model.num_params())))
+        << notes[0];
+  }
+  {  // written before the setup was recorded: the world size only
+    nlohmann::json j = nlohmann::json::parse(fp::profile_to_json(in.profile));
+    for (const char* k : {"model", "model_params", "micro_batch_size", "seq_len"}) j["calibration"].erase(k);
+    fp::PlanInputs old = in;
+    old.profile = fp::profile_from_json(j.dump());
+    EXPECT_TRUE(old.profile.calibration_model.empty());
+    old.model = fp::gpt_model(fp::gpt_shape("nano", 8192), "nano");
+    EXPECT_TRUE(fp::make_plan(old).notes.empty());
+    old.world_size = 4;
+    EXPECT_EQ(fp::make_plan(old).notes.size(), 1u);
+    j["calibration"]["model"] = "micro";  // a setup recorded in part is refused
+    try {
+      fp::profile_from_json(j.dump());
+      ADD_FAILURE() << "a calibration.model without its model_params accepted";
+    } catch (const fsdp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("calibration has no field 'model_params'"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A bad field is named by its path in the file: a top-level field by its key alone.
+TEST(PlannerProfile, ErrorsNameTheFieldsPath) {
+  const auto message = [](const nlohmann::json& j) -> std::string {
+    try {
+      fp::profile_from_json(j.dump());
+    } catch (const fsdp::Error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  const nlohmann::json good = nlohmann::json::parse(fp::profile_to_json(fp::builtin_profile("a100")));
+  nlohmann::json j = good;
+  j["memory_bytes"] = -1;
+  EXPECT_NE(message(j).find("profile: memory_bytes must be in [0, "), std::string::npos) << message(j);
+  EXPECT_EQ(message(j).find("profile.memory_bytes"), std::string::npos) << message(j);
+  j = good;
+  j["ranks_per_node"] = "eight";
+  EXPECT_NE(message(j).find("profile: ranks_per_node: "), std::string::npos) << message(j);
+  j = good;
+  j["collectives"]["all_gather"]["intra_node"]["alpha_s"] = -1;
+  EXPECT_NE(message(j).find("profile: collectives.all_gather.intra_node.alpha_s must be in"), std::string::npos)
+      << message(j);
+  EXPECT_NE(message(nlohmann::json::array()).find("profile: the file must be a JSON object"), std::string::npos);
+}
+
 TEST(PlannerProfile, CalibrationFitGivesBackTheCollectiveTimes) {
   using CK = fsdp::comm::CollectiveKind;
   // Synthetic measurements at N = 4: t = 30 us + bytes / 2 GB/s.

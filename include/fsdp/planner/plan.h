@@ -76,7 +76,16 @@ struct Plan {
   BytesPerParam engine_split, zero_paper_split;
   std::vector<StrategyPlan> strategies;
   Recommendation recommendation;
+  /// Where a calibrated profile was measured for another setup than this plan's (world size,
+  /// model, micro-batch x sequence length): one sentence each, naming both (profile_notes).
+  std::vector<std::string> notes;
 };
+
+/// The notes of Plan::notes for these inputs: empty for a datasheet profile (nothing calibrated)
+/// and where the calibrated setup matches. The world size: the collective fits and shared-core
+/// factors were measured over that group; the model and its micro-batch x sequence length: the
+/// model rate (and the shared-core factors, measured beside that pass) belong to its shapes.
+std::vector<std::string> profile_notes(const PlanInputs& in);
 
 /// Evaluates one strategy.
 StrategyPlan plan_strategy(const PlanInputs& in, const Parallelism& par, int64_t usable_bytes);

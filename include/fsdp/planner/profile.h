@@ -121,6 +121,14 @@ struct DeviceProfile {
   /// Calibrated profiles: the world size measured and the raw fits per kind (all_gather,
   /// reduce_scatter, all_reduce); 0 and empty for datasheet profiles.
   int64_t calibration_world_size = 0;
+  /// Calibrated profiles: the model whose training pass gave model_flops_per_s (its name and
+  /// parameter count: a preset with overridden dimensions keeps its name) and that pass's
+  /// micro-batch and sequence length (tokens). Empty and 0 for datasheet profiles and for profiles
+  /// written before they were recorded. A plan for another setup gets a note (Plan::notes).
+  std::string calibration_model;
+  int64_t calibration_model_params = 0;
+  int64_t calibration_micro_batch_size = 0;
+  int64_t calibration_seq_len = 0;
   std::vector<CalibrationFit> fits;
 
   /// The rate a step's FLOPs run at for a precision: the measured model rate when there is one,
