@@ -115,6 +115,14 @@ T field(const json& j, const char* key, const std::string& where) {
   }
 }
 
+// A whole number (nlohmann's get<int64_t> would cut 2.5 to 2).
+int64_t integer(const json& j, const char* key, const std::string& where) {
+  const json& v = field<json>(j, key, where);
+  FSDP_CHECK(v.is_number_integer(), ErrorKind::kCorruptData, kProfileWhere, "profile: ", path_of(where, key),
+             " must be a whole number, got ", v.dump());
+  return v.get<int64_t>();
+}
+
 // A number in [0, hi].
 double non_negative(const json& j, const char* key, const std::string& where, double hi) {
   const double v = field<double>(j, key, where);
@@ -302,7 +310,7 @@ DeviceProfile profile_from_json(const std::string& text) {
   p.description = j.value("description", std::string());
   if (j.contains("sources")) p.sources = field<std::vector<std::string>>(j, "sources", "");
   p.memory_bytes = static_cast<int64_t>(non_negative(j, "memory_bytes", "", kMaxBytes));
-  p.ranks_per_node = field<int64_t>(j, "ranks_per_node", "");
+  p.ranks_per_node = integer(j, "ranks_per_node", "");
   FSDP_CHECK(p.ranks_per_node <= (int64_t{1} << 20), ErrorKind::kCorruptData, kProfileWhere,
              "profile: ranks_per_node must be at most 2^20, got ", p.ranks_per_node);
   FSDP_CHECK(p.ranks_per_node >= 1, ErrorKind::kCorruptData, kProfileWhere, "profile: ranks_per_node must be >= 1");
@@ -368,15 +376,17 @@ DeviceProfile profile_from_json(const std::string& text) {
   }
   if (j.contains("calibration")) {
     const json& cal = j.at("calibration");
-    p.calibration_world_size = field<int64_t>(cal, "world_size", "calibration");
+    p.calibration_world_size = integer(cal, "world_size", "calibration");
     FSDP_CHECK(p.calibration_world_size >= 1, ErrorKind::kCorruptData, kProfileWhere,
                "profile: calibration.world_size must be >= 1, got ", p.calibration_world_size);
     // Absent in profiles written before the calibrated setup was recorded.
     if (cal.contains("model")) {
       p.calibration_model = field<std::string>(cal, "model", "calibration");
-      p.calibration_model_params = field<int64_t>(cal, "model_params", "calibration");
-      p.calibration_micro_batch_size = field<int64_t>(cal, "micro_batch_size", "calibration");
-      p.calibration_seq_len = field<int64_t>(cal, "seq_len", "calibration");
+      FSDP_CHECK(!p.calibration_model.empty(), ErrorKind::kCorruptData, kProfileWhere,
+                 "profile: calibration.model must name the calibrated model, got \"\"");
+      p.calibration_model_params = integer(cal, "model_params", "calibration");
+      p.calibration_micro_batch_size = integer(cal, "micro_batch_size", "calibration");
+      p.calibration_seq_len = integer(cal, "seq_len", "calibration");
       FSDP_CHECK(p.calibration_model_params >= 1 && p.calibration_micro_batch_size >= 1 && p.calibration_seq_len >= 1,
                  ErrorKind::kCorruptData, kProfileWhere,
                  "profile: calibration.model_params, .micro_batch_size and .seq_len must be >= 1, got ",

@@ -412,6 +412,15 @@ TEST(PlannerProfile, CalibratedSetupRoundTripsAndNotesAPlanForAnother) {
     EXPECT_TRUE(fp::make_plan(old).notes.empty());
     old.world_size = 4;
     EXPECT_EQ(fp::make_plan(old).notes.size(), 1u);
+    j["calibration"]["model"] = "micro";
+    j["calibration"]["model_params"] = 1;
+    j["calibration"]["seq_len"] = 64;
+    j["calibration"]["micro_batch_size"] = 2.5;
+    EXPECT_THROW(fp::profile_from_json(j.dump()), fsdp::Error);  // not cut to 2
+    j["calibration"]["micro_batch_size"] = 2;
+    j["calibration"]["model"] = "";
+    EXPECT_THROW(fp::profile_from_json(j.dump()), fsdp::Error);
+    j["calibration"].erase("model_params");
     j["calibration"]["model"] = "micro";  // a setup recorded in part is refused
     try {
       fp::profile_from_json(j.dump());
@@ -439,12 +448,16 @@ TEST(PlannerProfile, ErrorsNameTheFieldsPath) {
   EXPECT_EQ(message(j).find("profile.memory_bytes"), std::string::npos) << message(j);
   j = good;
   j["ranks_per_node"] = "eight";
-  EXPECT_NE(message(j).find("profile: ranks_per_node: "), std::string::npos) << message(j);
+  EXPECT_NE(message(j).find("profile: ranks_per_node must be a whole number, got \"eight\""), std::string::npos) << message(j);
   j = good;
   j["collectives"]["all_gather"]["intra_node"]["alpha_s"] = -1;
   EXPECT_NE(message(j).find("profile: collectives.all_gather.intra_node.alpha_s must be in"), std::string::npos)
       << message(j);
   EXPECT_NE(message(nlohmann::json::array()).find("profile: the file must be a JSON object"), std::string::npos);
+  j = good;
+  j["ranks_per_node"] = 2.5;  // not cut to 2
+  EXPECT_NE(message(j).find("profile: ranks_per_node must be a whole number, got 2.5"), std::string::npos)
+      << message(j);
 }
 
 TEST(PlannerProfile, CalibrationFitGivesBackTheCollectiveTimes) {
