@@ -1,5 +1,7 @@
 #include "fsdp/planner/profile.h"
 
+#include <type_traits>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -108,19 +110,16 @@ T field(const json& j, const char* key, const std::string& where) {
              " must be a JSON object, got ", j.type_name());
   FSDP_CHECK(j.contains(key), ErrorKind::kCorruptData, kProfileWhere, "profile: ",
              where.empty() ? "the file" : where, " has no field '", key, "'");
+  // Whole numbers stay whole: nlohmann's get<int64_t> would cut 2.5 to 2.
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    FSDP_CHECK(j.at(key).is_number_integer(), ErrorKind::kCorruptData, kProfileWhere, "profile: ",
+               path_of(where, key), " must be a whole number, got ", j.at(key).dump());
+  }
   try {
     return j.at(key).get<T>();
   } catch (const json::exception& e) {
     throw Error(ErrorKind::kCorruptData, kProfileWhere, str_cat("profile: ", path_of(where, key), ": ", e.what()));
   }
-}
-
-// A whole number (nlohmann's get<int64_t> would cut 2.5 to 2).
-int64_t integer(const json& j, const char* key, const std::string& where) {
-  const json& v = field<json>(j, key, where);
-  FSDP_CHECK(v.is_number_integer(), ErrorKind::kCorruptData, kProfileWhere, "profile: ", path_of(where, key),
-             " must be a whole number, got ", v.dump());
-  return v.get<int64_t>();
 }
 
 // A number in [0, hi].
@@ -310,7 +309,7 @@ DeviceProfile profile_from_json(const std::string& text) {
   p.description = j.value("description", std::string());
   if (j.contains("sources")) p.sources = field<std::vector<std::string>>(j, "sources", "");
   p.memory_bytes = static_cast<int64_t>(non_negative(j, "memory_bytes", "", kMaxBytes));
-  p.ranks_per_node = integer(j, "ranks_per_node", "");
+  p.ranks_per_node = field<int64_t>(j, "ranks_per_node", "");
   FSDP_CHECK(p.ranks_per_node <= (int64_t{1} << 20), ErrorKind::kCorruptData, kProfileWhere,
              "profile: ranks_per_node must be at most 2^20, got ", p.ranks_per_node);
   FSDP_CHECK(p.ranks_per_node >= 1, ErrorKind::kCorruptData, kProfileWhere, "profile: ranks_per_node must be >= 1");
@@ -376,7 +375,7 @@ DeviceProfile profile_from_json(const std::string& text) {
   }
   if (j.contains("calibration")) {
     const json& cal = j.at("calibration");
-    p.calibration_world_size = integer(cal, "world_size", "calibration");
+    p.calibration_world_size = field<int64_t>(cal, "world_size", "calibration");
     FSDP_CHECK(p.calibration_world_size >= 1, ErrorKind::kCorruptData, kProfileWhere,
                "profile: calibration.world_size must be >= 1, got ", p.calibration_world_size);
     // Absent in profiles written before the calibrated setup was recorded.
@@ -384,9 +383,9 @@ DeviceProfile profile_from_json(const std::string& text) {
       p.calibration_model = field<std::string>(cal, "model", "calibration");
       FSDP_CHECK(!p.calibration_model.empty(), ErrorKind::kCorruptData, kProfileWhere,
                  "profile: calibration.model must name the calibrated model, got \"\"");
-      p.calibration_model_params = integer(cal, "model_params", "calibration");
-      p.calibration_micro_batch_size = integer(cal, "micro_batch_size", "calibration");
-      p.calibration_seq_len = integer(cal, "seq_len", "calibration");
+      p.calibration_model_params = field<int64_t>(cal, "model_params", "calibration");
+      p.calibration_micro_batch_size = field<int64_t>(cal, "micro_batch_size", "calibration");
+      p.calibration_seq_len = field<int64_t>(cal, "seq_len", "calibration");
       FSDP_CHECK(p.calibration_model_params >= 1 && p.calibration_micro_batch_size >= 1 && p.calibration_seq_len >= 1,
                  ErrorKind::kCorruptData, kProfileWhere,
                  "profile: calibration.model_params, .micro_batch_size and .seq_len must be >= 1, got ",
