@@ -6,7 +6,7 @@
 # next to fsdp-plan's (strategy_table.py).
 #
 #   bash bench/plan_vs_measured.sh [OUT_DIR]      (env: BIN=build/bin PRESETS="micro gpt2"
-#                                                  NRANKS="1 2 4" STEPS=16 WARMUP=6 GLOBAL_BATCH=4
+#                                                  NRANKS="1 2 4" STEPS=24 WARMUP=6 GLOBAL_BATCH=4
 #                                                  SEQ_LEN=64
 #                                                  STRATEGIES="no_shard zero1 ...")
 #   python3 bench/pvm_summary.py OUT_DIR           (the tables of docs/BENCHMARKS.md)
@@ -19,9 +19,11 @@ OUT=${1:-out/plan_vs_measured}
 BIN=${BIN:-build/bin}
 PRESETS=${PRESETS:-"micro gpt2"}
 NRANKS=${NRANKS:-"1 2 4"}
-STEPS=${STEPS:-16}
+STEPS=${STEPS:-24}
 # Steps left out of the step time (the median of the rest): at N = 4 on 2 cores the first ~5 steps
 # run slower than the steady state the planner estimates (gpt2 at N = 4: 3.7, 3.5, 2.9 s, then 2.4 s).
+# 18 steps after them: at N = 4 single steps range 2.0-3.0 s for gpt2, and two runs' medians of 10
+# steps differed by 10%.
 WARMUP=${WARMUP:-6}
 STRATEGIES=${STRATEGIES:-"no_shard zero1 shard_grad_op full_shard hybrid_shard"}
 GLOBAL_BATCH=${GLOBAL_BATCH:-4}

@@ -46,6 +46,14 @@ std::vector<double> across_ranks(fsdp::comm::ProcessGroup& g, std::vector<double
   return std::vector<double>(p, p + v.size());
 }
 
+// The mean over ranks of every entry (an average all-reduce).
+std::vector<double> mean_across_ranks(fsdp::comm::ProcessGroup& g, const std::vector<double>& v) {
+  at::Tensor t = at::tensor(v, at::kDouble);
+  g.all_reduce(t, fsdp::comm::ReduceOp::kAvg)->wait();
+  const double* p = t.data_ptr<double>();
+  return std::vector<double>(p, p + v.size());
+}
+
 // Issues one collective of `kind` over (world x S) `big` and (S) `small`, as the engine does: the
 // reductions average (a sum, then a division on the communication thread). Non-blocking.
 fsdp::comm::WorkPtr issue_collective(fsdp::comm::ProcessGroup& g, CollectiveKind kind, const at::Tensor& big,
@@ -83,8 +91,10 @@ double median(std::vector<double> v) {
 // ran meanwhile (a 16 MiB copy timed per rank measured 6 to 20 GB/s in five calibrations of micro
 // at N = 4 on 2 cores), while a step's collectives keep its ranks together: there the work runs
 // from one barrier to the next on every rank and its seconds are that interval less an empty
-// interval's (the median of 9). Elsewhere each rank times its own work. Blocking; collective when
-// `together` (every rank calls it the same number of times).
+// interval's (the median of 9). Elsewhere each rank times its own work. Work that no collective
+// ends in a step (the step update: the next collective comes in the next forward or backward)
+// is timed by seconds_to_own_end instead ([Note: step update calibration]). Blocking; collective
+// when `together` (every rank calls it the same number of times).
 class WorkTimer {
  public:
   WorkTimer(fsdp::comm::ProcessGroup& g, bool together) : g_(g), together_(together) {
@@ -100,6 +110,18 @@ class WorkTimer {
       return now_s() - t0;
     }
     return std::max(0.0, interval(work) - barrier_s_);
+  }
+  /// Seconds of `work` on this rank's clock from a start all ranks share (a barrier) to this
+  /// rank's own end; a barrier after it (not timed) starts the next run together. Without
+  /// `together`, as seconds().
+  double seconds_to_own_end(const std::function<void()>& work) {
+    if (!together_) return seconds(work);
+    g_.barrier()->wait();
+    const double t0 = now_s();
+    work();
+    const double d = now_s() - t0;
+    g_.barrier()->wait();
+    return d;
   }
   bool together() const { return together_; }
   fsdp::comm::ProcessGroup& group() const { return g_; }
@@ -271,8 +293,13 @@ double model_rate(TrainingPass& pass, fsdp::comm::ProcessGroup& g) {
 // the pass (of its backward for the reductions), as in a step, so that the difference stands well
 // above the pass's own spread. The pass alone and the pass with collectives alternate (the
 // machine's speed drifts); the median of 5 such pairs' differences after a warm-up pair; the
-// slowest rank's.
-double shared_core_factor(WorkTimer& timer, CollectiveKind kind, double op_alone_s, TrainingPass& pass) {
+// slowest rank's. Where compute oversubscribes the cores the same runs give the duration factor:
+// the collectives' own seconds on their thread beside the pass over their time alone.
+struct BesideCompute {
+  double shared_core_factor = 1.0;  ///< seconds added to the pass per second alone
+  double duration_factor = 1.0;     ///< seconds on the communication thread per second alone
+};
+BesideCompute beside_compute(WorkTimer& timer, CollectiveKind kind, double op_alone_s, TrainingPass& pass) {
   fsdp::comm::ProcessGroup& g = timer.group();
   const int64_t n = g.size(), elems = (int64_t{4} << 20) / 4 / n * n;
   constexpr int kPool = 16;
@@ -293,10 +320,11 @@ double shared_core_factor(WorkTimer& timer, CollectiveKind kind, double op_alone
     g.barrier()->wait();
     return timer.seconds([&] { pass.run(); });
   };
+  std::vector<double> durations;  // each beside-run's seconds of the collectives on their thread
   auto beside = [&] {
     g.barrier()->wait();
-    return timer.seconds([&] {
-      std::vector<fsdp::comm::WorkPtr> works;
+    std::vector<fsdp::comm::WorkPtr> works;
+    const double s = timer.seconds([&] {
       auto issue = [&] {
         for (int i = 0; i < count; ++i) works.push_back(issue_collective(g, kind, big[i % kPool], small[i % kPool]));
       };
@@ -304,9 +332,14 @@ double shared_core_factor(WorkTimer& timer, CollectiveKind kind, double op_alone
       pass.run(in_backward ? std::function<void()>(issue) : std::function<void()>());
       for (auto& w : works) w->wait();
     });
+    double busy_s = 0.0;
+    for (auto& w : works) busy_s += w->duration_s();
+    durations.push_back(busy_s);
+    return s;
   };
   alone();
   beside();
+  durations.clear();
   std::vector<double> added;
   for (int r = 0; r < 5; ++r) {
     const double a = alone();
@@ -320,8 +353,15 @@ double shared_core_factor(WorkTimer& timer, CollectiveKind kind, double op_alone
   // 0.22-0.51 at N = 4 on 2 cores), and the replay adds the step's waits on its own ([Note:
   // time-shared cores]); at least kMinOversubscribedFactor there (smaller differences are within
   // the pass's spread).
-  const double added_s = across_ranks(g, {median(added)}, /*min=*/false)[0];
-  return std::max(timer.together() ? fp::kMinOversubscribedFactor : 1.0, added_s / (count * op_alone_s));
+  // The duration factor, where compute oversubscribes the cores (profile.h
+  // CollectiveLinks::duration_factor): the collectives' seconds on their thread beside the pass
+  // over their time alone, median of the 5 runs, slowest rank; at least 1 (beside compute a
+  // collective does not run faster than alone; smaller values are the fit's spread).
+  const std::vector<double> v = across_ranks(g, {median(added), median(durations)}, /*min=*/false);
+  BesideCompute r;
+  r.shared_core_factor = std::max(timer.together() ? fp::kMinOversubscribedFactor : 1.0, v[0] / (count * op_alone_s));
+  if (timer.together()) r.duration_factor = std::clamp(v[1] / (count * op_alone_s), 1.0, 1000.0);
+  return r;
 }
 
 // [Note: step update calibration] Seconds of the step update of one fp32 tensor by its size
@@ -331,8 +371,15 @@ double shared_core_factor(WorkTimer& timer, CollectiveKind kind, double op_alone
 // gradients' own finite check runs only when the norm is not finite: not timed); then the
 // optimizer's step and zero_grad (set to none). Before each timed run the caches are
 // flushed (a 128 MiB buffer is written), as a step's forward and backward leave them; all ranks at
-// once, timed by `timer` ([Note: timing together]); median of 5 after a warm-up; the slowest rank;
-// seconds per tensor = the run / the tensors.
+// once, median of 5 after a warm-up (9 where compute oversubscribes the cores); seconds per
+// tensor = the run / the tensors. Each rank's own time, from a start all ranks share to its own
+// end (WorkTimer::seconds_to_own_end): no collective ends a step's update, so each rank leaves it
+// at its own pace. The slowest rank's where each rank computes on cores of its own; the mean over
+// ranks where compute time-shares the cores ([Note: timing together]): there a rank that finishes
+// later got less of the cores because the others got more, and what the step pays is the cores'
+// total work, which the mean counts (the slowest of 4 noisy ranks over-counts it: micro's update
+// at N = 4 on 2 cores was timed 10-17 ns per element from barrier to barrier, slowest rank, and
+// took 8 in training).
 std::vector<fp::UpdatePoint> step_update_points(fp::OptimizerKind kind, WorkTimer& timer) {
   fsdp::comm::ProcessGroup& g = timer.group();
   at::Tensor flush = at::empty({int64_t{1} << 25}, at::kFloat);
@@ -355,7 +402,7 @@ std::vector<fp::UpdatePoint> step_update_points(fp::OptimizerKind kind, WorkTime
     auto once = [&] {
       for (int64_t i = 0; i < count; ++i) params[i].mutable_grad() = grads[i].clone();
       flush.fill_(1.0f);
-      return timer.seconds([&] {
+      return timer.seconds_to_own_end([&] {
         double squares = 0.0;  // as fsdp::clip_grad_norm sums them
         for (const auto& p : params) squares += fsdp::sum_of_squares(p.grad());
         const double norm = std::sqrt(squares);
@@ -369,11 +416,11 @@ std::vector<fp::UpdatePoint> step_update_points(fp::OptimizerKind kind, WorkTime
     g.barrier()->wait();
     once();
     std::vector<double> t;
-    for (int r = 0; r < 5; ++r) t.push_back(once());
+    for (int r = 0; r < (timer.together() ? 9 : 5); ++r) t.push_back(once());
     points.push_back({E, 0.0});
     per_tensor_s.push_back(median(t) / static_cast<double>(count));
   }
-  per_tensor_s = across_ranks(g, per_tensor_s, /*min=*/false);
+  per_tensor_s = timer.together() ? mean_across_ranks(g, per_tensor_s) : across_ranks(g, per_tensor_s, /*min=*/false);
   for (size_t i = 0; i < points.size(); ++i) points[i].seconds = per_tensor_s[i];
   return points;
 }
@@ -538,18 +585,23 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
   p.step_update_s_per_elem_sgd_momentum = per_elem(p.step_update_points_sgd_momentum);
   p.step_update_s_per_elem_sgd = per_elem(p.step_update_points_sgd);
   // Where communication shares the cores: what each kind costs beside a training pass.
-  std::string factor_source = "shared_core_factor: 1, not measured (communication overlaps compute)";
+  std::string factor_source = "shared_core_factor, duration_factor: 1, not measured (communication overlaps compute)";
   if (p.has_collectives && !p.comm_overlaps_compute) {
-    std::string line = "beside a training pass, a collective costs";
+    std::string line = "beside a training pass, a collective costs", takes = "";
     for (int k = 0; k < 3; ++k) {
       const int64_t logical = (int64_t{4} << 20) / 4 / N * N * 4;
       const double op_s = p.fits[k].alpha_s + p.fits[k].beta_s_per_byte * static_cast<double>(logical);
-      links[k]->shared_core_factor = shared_core_factor(timer, kinds[k], op_s, *step_pass);
+      const BesideCompute b = beside_compute(timer, kinds[k], op_s, *step_pass);
+      links[k]->shared_core_factor = b.shared_core_factor;
+      links[k]->duration_factor = b.duration_factor;
       char buf[80];
       std::snprintf(buf, sizeof(buf), "%s %s %.2fx", k ? "," : "", fsdp::comm::to_string(kinds[k]),
-                    links[k]->shared_core_factor);
+                    b.shared_core_factor);
       line += buf;
+      std::snprintf(buf, sizeof(buf), "%s %s %.2fx", k ? "," : "", fsdp::comm::to_string(kinds[k]), b.duration_factor);
+      takes += buf;
     }
+    if (p.compute_oversubscribed) line += " its time alone; it takes" + takes;
     if (root) log << line << " its time alone" << std::endl;
     factor_source = std::string("shared_core_factor: per kind, ") +
                     (p.compute_oversubscribed ? "at least 0.1 (compute oversubscribes the cores)" : "at least 1") +
@@ -557,7 +609,11 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
                     "a pass's time alone; all-gathers issued at the start of its forward, reductions of its backward) added to "
                     "a training forward + backward of " + m.name +
                     " running beside them (a parameter-count model: 1024 x 1024 matmuls), over their time alone; "
-                    "the median of 5 pairs (pass alone, pass with collectives), slowest rank, all ranks at once";
+                    "the median of 5 pairs (pass alone, pass with collectives), slowest rank, all ranks at once" +
+                    (p.compute_oversubscribed ? "; duration_factor: per kind, at least 1, the same collectives' seconds "
+                                                "on the communication thread beside the pass over their time alone, "
+                                                "median of the 5, slowest rank"
+                                              : "; duration_factor: 1, not measured (compute fits the cores)");
   }
   // [Note: model rate twice] The machine's speed drifts over tens of seconds (a shared guest), and a
   // calibration takes about that long: the step's precision is sampled again here, at its end, and
@@ -588,7 +644,8 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
                   p.memory_copy_bytes_per_s * 1e-9,
                   p.comm_overlaps_compute ? "overlaps" : "shares the cores of",
                   static_cast<long long>(p.ranks_per_node), flags.threads, static_cast<long long>(cores),
-                  p.compute_oversubscribed ? "; compute oversubscribes them: timed from barrier to barrier" : "");
+                  p.compute_oversubscribed ? "; compute oversubscribes them: passes and copies timed from barrier to barrier, the update to each "
+                                             "rank's own end, mean over ranks" : "");
     log << buf << std::endl;
   }
   p.sources = {
@@ -602,7 +659,9 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
       model_source,
       "step_update_points_numel_seconds: seconds per fp32 tensor of 1k to 16M elements (2^20 elements of "
           "such tensors at a time) for the 2-norm, clip scale, the optimizer's step and zero_grad, "
-          "tensor by tensor, caches flushed before each run, median of 5, slowest rank, all ranks at once; "
+          "tensor by tensor, caches flushed before each run, all ranks at once, each rank's time to its own end, " +
+          std::string(p.compute_oversubscribed ? "median of 9, mean over ranks (compute oversubscribes the cores); "
+                                               : "median of 5, slowest rank; ") +
           "step_update_s_per_elem: the 16M-element tensor's seconds per element",
       "memory_copy_bytes_per_s: copy_ of a 16 MiB fp32 tensor into another, 4 at a time, caches flushed before each run, bytes "
           "read + written per second, median of 9, slowest rank, all ranks at once",
