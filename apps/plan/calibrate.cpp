@@ -293,13 +293,8 @@ double model_rate(TrainingPass& pass, fsdp::comm::ProcessGroup& g) {
 // the pass (of its backward for the reductions), as in a step, so that the difference stands well
 // above the pass's own spread. The pass alone and the pass with collectives alternate (the
 // machine's speed drifts); the median of 5 such pairs' differences after a warm-up pair; the
-// slowest rank's. Where compute oversubscribes the cores the same runs give the duration factor:
-// the collectives' own seconds on their thread beside the pass over their time alone.
-struct BesideCompute {
-  double shared_core_factor = 1.0;  ///< seconds added to the pass per second alone
-  double duration_factor = 1.0;     ///< seconds on the communication thread per second alone
-};
-BesideCompute beside_compute(WorkTimer& timer, CollectiveKind kind, double op_alone_s, TrainingPass& pass) {
+// slowest rank's.
+double shared_core_factor(WorkTimer& timer, CollectiveKind kind, double op_alone_s, TrainingPass& pass) {
   fsdp::comm::ProcessGroup& g = timer.group();
   const int64_t n = g.size(), elems = (int64_t{4} << 20) / 4 / n * n;
   constexpr int kPool = 16;
@@ -320,11 +315,10 @@ BesideCompute beside_compute(WorkTimer& timer, CollectiveKind kind, double op_al
     g.barrier()->wait();
     return timer.seconds([&] { pass.run(); });
   };
-  std::vector<double> durations;  // each beside-run's seconds of the collectives on their thread
   auto beside = [&] {
     g.barrier()->wait();
-    std::vector<fsdp::comm::WorkPtr> works;
-    const double s = timer.seconds([&] {
+    return timer.seconds([&] {
+      std::vector<fsdp::comm::WorkPtr> works;
       auto issue = [&] {
         for (int i = 0; i < count; ++i) works.push_back(issue_collective(g, kind, big[i % kPool], small[i % kPool]));
       };
@@ -332,14 +326,9 @@ BesideCompute beside_compute(WorkTimer& timer, CollectiveKind kind, double op_al
       pass.run(in_backward ? std::function<void()>(issue) : std::function<void()>());
       for (auto& w : works) w->wait();
     });
-    double busy_s = 0.0;
-    for (auto& w : works) busy_s += w->duration_s();
-    durations.push_back(busy_s);
-    return s;
   };
   alone();
   beside();
-  durations.clear();
   std::vector<double> added;
   for (int r = 0; r < 5; ++r) {
     const double a = alone();
@@ -353,15 +342,8 @@ BesideCompute beside_compute(WorkTimer& timer, CollectiveKind kind, double op_al
   // 0.22-0.51 at N = 4 on 2 cores), and the replay adds the step's waits on its own ([Note:
   // time-shared cores]); at least kMinOversubscribedFactor there (smaller differences are within
   // the pass's spread).
-  // The duration factor, where compute oversubscribes the cores (profile.h
-  // CollectiveLinks::duration_factor): the collectives' seconds on their thread beside the pass
-  // over their time alone, median of the 5 runs, slowest rank; at least 1 (beside compute a
-  // collective does not run faster than alone; smaller values are the fit's spread).
-  const std::vector<double> v = across_ranks(g, {median(added), median(durations)}, /*min=*/false);
-  BesideCompute r;
-  r.shared_core_factor = std::max(timer.together() ? fp::kMinOversubscribedFactor : 1.0, v[0] / (count * op_alone_s));
-  if (timer.together()) r.duration_factor = std::clamp(v[1] / (count * op_alone_s), 1.0, 1000.0);
-  return r;
+  const double added_s = across_ranks(g, {median(added)}, /*min=*/false)[0];
+  return std::max(timer.together() ? fp::kMinOversubscribedFactor : 1.0, added_s / (count * op_alone_s));
 }
 
 // [Note: step update calibration] Seconds of the step update of one fp32 tensor by its size
@@ -585,23 +567,18 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
   p.step_update_s_per_elem_sgd_momentum = per_elem(p.step_update_points_sgd_momentum);
   p.step_update_s_per_elem_sgd = per_elem(p.step_update_points_sgd);
   // Where communication shares the cores: what each kind costs beside a training pass.
-  std::string factor_source = "shared_core_factor, duration_factor: 1, not measured (communication overlaps compute)";
+  std::string factor_source = "shared_core_factor: 1, not measured (communication overlaps compute)";
   if (p.has_collectives && !p.comm_overlaps_compute) {
-    std::string line = "beside a training pass, a collective costs", takes = "";
+    std::string line = "beside a training pass, a collective costs";
     for (int k = 0; k < 3; ++k) {
       const int64_t logical = (int64_t{4} << 20) / 4 / N * N * 4;
       const double op_s = p.fits[k].alpha_s + p.fits[k].beta_s_per_byte * static_cast<double>(logical);
-      const BesideCompute b = beside_compute(timer, kinds[k], op_s, *step_pass);
-      links[k]->shared_core_factor = b.shared_core_factor;
-      links[k]->duration_factor = b.duration_factor;
+      links[k]->shared_core_factor = shared_core_factor(timer, kinds[k], op_s, *step_pass);
       char buf[80];
       std::snprintf(buf, sizeof(buf), "%s %s %.2fx", k ? "," : "", fsdp::comm::to_string(kinds[k]),
-                    b.shared_core_factor);
+                    links[k]->shared_core_factor);
       line += buf;
-      std::snprintf(buf, sizeof(buf), "%s %s %.2fx", k ? "," : "", fsdp::comm::to_string(kinds[k]), b.duration_factor);
-      takes += buf;
     }
-    if (p.compute_oversubscribed) line += " its time alone; it takes" + takes;
     if (root) log << line << " its time alone" << std::endl;
     factor_source = std::string("shared_core_factor: per kind, ") +
                     (p.compute_oversubscribed ? "at least 0.1 (compute oversubscribes the cores)" : "at least 1") +
@@ -609,11 +586,7 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
                     "a pass's time alone; all-gathers issued at the start of its forward, reductions of its backward) added to "
                     "a training forward + backward of " + m.name +
                     " running beside them (a parameter-count model: 1024 x 1024 matmuls), over their time alone; "
-                    "the median of 5 pairs (pass alone, pass with collectives), slowest rank, all ranks at once" +
-                    (p.compute_oversubscribed ? "; duration_factor: per kind, at least 1, the same collectives' seconds "
-                                                "on the communication thread beside the pass over their time alone, "
-                                                "median of the 5, slowest rank"
-                                              : "; duration_factor: 1, not measured (compute fits the cores)");
+                    "the median of 5 pairs (pass alone, pass with collectives), slowest rank, all ranks at once";
   }
   // [Note: model rate twice] The machine's speed drifts over tens of seconds (a shared guest), and a
   // calibration takes about that long: the step's precision is sampled again here, at its end, and

@@ -276,8 +276,7 @@ std::string profile_to_json(const DeviceProfile& p) {
   for (int k = 0; k < 3 && p.has_collectives; ++k) {
     j["collectives"][kKinds[k]] = {{"intra_node", link_json(links[k]->intra_node)},
                                    {"inter_node", link_json(links[k]->inter_node)},
-                                   {"shared_core_factor", links[k]->shared_core_factor},
-                                   {"duration_factor", links[k]->duration_factor}};
+                                   {"shared_core_factor", links[k]->shared_core_factor}};
   }
   if (p.calibration_world_size > 0) {
     j["calibration"]["world_size"] = p.calibration_world_size;
@@ -372,13 +371,6 @@ DeviceProfile profile_from_json(const std::string& text) {
                                             "cores and compute fits them; below 1 only with compute_oversubscribed true)",
                  ", got ", f);
       links[k]->shared_core_factor = f;
-    }
-    if (e.contains("duration_factor")) {  // absent in profiles written before it was measured: 1
-      const double d = field<double>(e, "duration_factor", where);
-      FSDP_CHECK(d >= 1.0 && d <= kMaxSharedCoreFactor, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
-                 ".duration_factor must be in [1, ", kMaxSharedCoreFactor,
-                 "] (a collective beside compute takes at least its time alone), got ", d);
-      links[k]->duration_factor = d;
     }
   }
   if (j.contains("calibration")) {

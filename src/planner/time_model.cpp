@@ -105,19 +105,16 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   // A collective in the replay (profile.h CollectiveLinks). Overlapping communication: its time
   // alone on its queue. Shared cores, compute fitting them: time alone x the shared-core factor,
   // on the compute thread's clock. [Note: time-shared cores] Compute oversubscribing the cores:
-  // time alone x the duration factor on its queue (beside compute its thread gets a smaller share
-  // of the cores than alone), and time alone x the shared-core factor (its share of the cores,
-  // measured beside a pass that does not wait) from the compute thread; where the compute thread
-  // needs its result it waits for it, and every rank waits at once, so nobody's compute fills
-  // that time.
+  // its time alone on its queue, and time alone x the factor (its share of the cores, measured
+  // beside a pass that does not wait) from the compute thread; where the compute thread needs
+  // its result it waits for it, and every rank waits at once, so nobody's compute fills that time.
   const bool time_shared = profile.compute_oversubscribed;
   const bool overlaps = profile.comm_overlaps_compute || time_shared;
   auto op = [&](K kind, int64_t bytes, int64_t n, bool crosses) {
     const double alone = collective_time_s(profile, kind, bytes, n, crosses);
     if (alone <= 0 || profile.comm_overlaps_compute) return Op{alone, 0.0};
-    const CollectiveLinks& l = profile.links(kind);
-    return time_shared ? Op{alone * l.duration_factor, alone * l.shared_core_factor}
-                       : Op{alone * l.shared_core_factor, 0.0};
+    const double f = profile.links(kind).shared_core_factor;
+    return time_shared ? Op{alone, alone * f} : Op{alone * f, 0.0};
   };
   // [Note: engine copies] The engine's own passes over memory on the compute thread, at the
   // profile's copy rate (bytes read + written): an unshard casts the fp32 shard to param_dtype

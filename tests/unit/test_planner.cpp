@@ -466,31 +466,6 @@ TEST(PlannerTime, ComputeAndCommunicationLimits) {
     EXPECT_LT(b.step_s, serial.step_s) << fsdp::to_string(s);
     EXPECT_LE(fp::estimate_step_time(m, par(s, 16, 0, 8), st, shared_low).step_s, b.step_s) << fsdp::to_string(s);
   }
-  // The duration factor: each collective's seconds on its queue beside compute. comm_s scales by
-  // it exactly; what the compute thread is charged does not change, so the step grows by at most
-  // the added queue time and only through the waits: with enough compute between the waits
-  // nothing changes, and a step whose compute waits for its collectives grows.
-  fp::DeviceProfile longer = shared;
-  longer.all_gather.duration_factor = longer.reduce_scatter.duration_factor = longer.all_reduce.duration_factor = 3.0;
-  for (S s : {S::kNoShard, S::kZero1, S::kShardGradOp, S::kFullShard}) {
-    const fp::StepTime b = fp::estimate_step_time(m, par(s, 16, 0, 8), st, shared);
-    const fp::StepTime d = fp::estimate_step_time(m, par(s, 16, 0, 8), st, longer);
-    EXPECT_NEAR(d.comm_s, 3.0 * b.comm_s, 1e-9 * d.comm_s) << fsdp::to_string(s);
-    EXPECT_DOUBLE_EQ(d.compute_s + d.update_s + d.copy_s, b.compute_s + b.update_s + b.copy_s) << fsdp::to_string(s);
-    EXPECT_GE(d.step_s, b.step_s) << fsdp::to_string(s);
-    EXPECT_LE(d.step_s, b.step_s + 2.0 * b.comm_s + 1e-12) << fsdp::to_string(s);
-  }
-  // full_shard's backward ends waiting for the root's reduce-scatter, issued after the last
-  // unit's compute: a longer one lengthens the step.
-  EXPECT_GT(fp::estimate_step_time(m, par(S::kFullShard, 16, 0, 8), st, longer).step_s,
-            fp::estimate_step_time(m, par(S::kFullShard, 16, 0, 8), st, shared).step_s);
-  // The duration factor is unused where compute fits the cores.
-  {
-    fp::DeviceProfile fits = cpu, fits_longer = cpu;
-    fits_longer.reduce_scatter.duration_factor = fits_longer.all_gather.duration_factor = 3.0;
-    EXPECT_DOUBLE_EQ(fp::estimate_step_time(m, par(S::kFullShard, 16, 0, 8), st, fits_longer).step_s,
-                     fp::estimate_step_time(m, par(S::kFullShard, 16, 0, 8), st, fits).step_s);
-  }
   // Overlapping communication ignores the factor.
   fp::DeviceProfile h100_slow = h100;
   h100_slow.all_reduce.shared_core_factor = 10;

@@ -42,14 +42,6 @@ struct CollectiveLinks {
   /// compute needs the result: [Note: time-shared cores]); 1 where not measured; unused where
   /// communication overlaps compute.
   double shared_core_factor = 1.0;
-  /// Where compute oversubscribes the cores (DeviceProfile::compute_oversubscribed): a
-  /// collective's seconds on its communication thread while the model's forward + backward runs
-  /// beside it, over its time alone (the links' figures), measured with shared_core_factor. Alone,
-  /// the ranks' communication threads share the cores among themselves; beside compute they share
-  /// them with the compute threads too, and a step whose compute waits for a collective waits that
-  /// long (reduce-scatters and all-gathers measured about 2-2.5, all-reduces about 3, at N = 4 on 2
-  /// cores). In [1, 1000]; 1 where not measured; unused unless compute oversubscribes the cores.
-  double duration_factor = 1.0;
 };
 
 /// One point of a calibration: a collective of `logical_bytes` took `seconds` (median).

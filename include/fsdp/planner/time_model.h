@@ -37,8 +37,7 @@ struct StepTime {
   double flops = 0.0;           ///< per rank per step
   double compute_s = 0.0;       ///< flops / profile rate for the precision
   double update_s = 0.0;        ///< the step update: sum over this rank's trainable shards of step_update_tensor_s
-  double comm_s = 0.0;          ///< sum of the modeled durations of every collective (shared-core factor
-                                ///< included; where compute oversubscribes the cores, the duration factor)
+  double comm_s = 0.0;          ///< sum of the modeled durations of every collective (shared-core factor included)
   double copy_s = 0.0;          ///< the engine's copies on the compute thread ([Note: engine copies])
   double exposed_comm_s = 0.0;  ///< step_s - compute_s - update_s - copy_s: communication compute did not hide
   double step_s = 0.0;
@@ -62,8 +61,8 @@ struct StepTime {
 /// communication shares the compute cores (comm_overlaps_compute false) every collective also
 /// takes its time from the compute thread, times its kind's shared_core_factor: nothing hides.
 /// Where the compute threads oversubscribe the cores (compute_oversubscribed) each collective runs
-/// on its queue for its time alone x duration_factor and takes time alone x shared_core_factor
-/// (its share of the cores) from the compute thread, which waits where it needs the result (docs/planner.md,
+/// on its queue for its time alone and takes time alone x shared_core_factor (its share of the
+/// cores) from the compute thread, which waits where it needs the result (docs/planner.md,
 /// "Compute that oversubscribes the cores").
 /// Throws fsdp::Error (kInvalidArgument) for a bad parallelism or setup, or a profile with no rate.
 StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, const StepSetup& setup,
