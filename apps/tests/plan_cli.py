@@ -9,7 +9,9 @@
         whose reason the output states;
       * bad flags exit 2 with one line "fsdp-plan: error: ..." on stderr;
       * --calibrate under mpirun -n 2 writes a profile that --profile reads back, with the step
-        update's seconds per tensor by size (skipped without mpirun);
+        update's seconds per tensor by size (skipped without mpirun); with 2 threads per rank on
+        one bound core each, compute oversubscribes the cores: shared-core factors down to 0.1 and
+        the update timed to each rank's own end, mean over ranks;
       * under mpirun -n 2 without --calibrate the plan, or an error, is printed once;
       * with --train-bin: fsdp-train --dry-run of gpt2 is at GPT-2's vocabulary unless --vocab-size
         is given, then the model and bytes are fsdp-plan's at that vocabulary.
@@ -168,6 +170,39 @@ def calibrate(bin_path, tmp):
         check("calibrated on one rank" in p.stderr, f"planning N = 2 with it is refused: {p.stderr!r}")
 
 
+def calibrate_oversubscribed(bin_path, tmp):
+    """Compute that oversubscribes the cores, on any machine: 2 ranks x 2 intra-op threads where
+    mpirun binds each rank to one core (the default for 2 ranks) need 4 cores of the 2 the ranks may
+    use. The profile says so; the collectives' shared-core factors are at least 0.1; the step update
+    is timed to each rank's own end, mean over ranks; the plan uses the profile."""
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        print("calibrate_oversubscribed: skipped (no mpirun)")
+        return
+    out = os.path.join(tmp, "profile_over.json")
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    p = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "core", "-n", "2", bin_path,
+                        "--calibrate", "--threads", "2", "--out", out, "--model", "nano", "--n-layer", "1",
+                        "--micro-batch-size", "2", "--seq-len", "64"], capture_output=True, text=True, timeout=240,
+                       env=env)
+    check(p.returncode == 0, f"--calibrate --threads 2: exit {p.returncode}; {p.stderr.strip()[-400:]}")
+    if p.returncode != 0:
+        return
+    with open(out) as f:
+        prof = json.load(f)
+    check(prof["compute_oversubscribed"] and not prof["comm_overlaps_compute"],
+          f"2 ranks x 2 threads on 2 bound cores oversubscribe them: {prof['compute_oversubscribed']}")
+    factors = {k: prof["collectives"][k]["shared_core_factor"] for k in ("all_gather", "reduce_scatter", "all_reduce")}
+    check(all(0.1 <= f < 1000 for f in factors.values()), f"shared-core factors: {factors}")
+    check(any(s.startswith("step_update_points") and "mean over ranks" in s for s in prof["sources"]),
+          f"the update timed to each rank's own end, mean over ranks: {prof['sources']}")
+    doc = json.loads(plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", out, "--json",
+                          "--strategy", "full_shard").stdout)
+    t = doc["strategies"][0]["time"]
+    check(t["step_s"] >= t["compute_s"] + t["update_s"] + t["copy_s"],
+          f"a time-shared step is at least its compute, update and copies: {t}")
+
+
 def under_mpirun(bin_path):
     """Planning runs no collective: under mpirun only rank 0 prints the plan, or the error."""
     mpirun = shutil.which("mpirun")
@@ -220,6 +255,7 @@ def main():
     dry_run_vocab(a.bin, a.train_bin)
     with tempfile.TemporaryDirectory() as tmp:
         calibrate(a.bin, tmp)
+        calibrate_oversubscribed(a.bin, tmp)
     print(f"{len(FAILURES)} failure(s)")
     return 1 if FAILURES else 0
 
