@@ -17,15 +17,7 @@ std::string num(double v, const char* fmt) {
   return buf;
 }
 
-std::string count(int64_t n) {  // 13,015,864,320
-  std::string s = std::to_string(n), out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    out += s[i];
-    const size_t left = s.size() - i - 1;
-    if (left > 0 && left % 3 == 0) out += ',';
-  }
-  return out;
-}
+std::string count(int64_t n) { return fp::format_count(n); }
 
 std::string seconds(double s) {
   if (s == 0) return "0";

@@ -231,7 +231,8 @@ Plan make_plan(const PlanInputs& in) {
   plan.ranks_per_node = rpn;
   plan.memory_per_rank_bytes = in.memory_per_rank_bytes > 0 ? in.memory_per_rank_bytes : in.profile.memory_bytes;
   FSDP_CHECK(plan.memory_per_rank_bytes > 0, ErrorKind::kInvalidArgument, kPlanWhere,
-             "no memory per rank: the profile has none and none was given");
+             "no memory per rank: profile '", in.profile.name,
+             "' has memory_bytes 0 (not known) and no memory per rank was given");
   plan.usable_bytes = static_cast<int64_t>(std::floor(static_cast<double>(plan.memory_per_rank_bytes) * (1.0 - in.headroom)));
   plan.engine_split = engine_bytes_per_param(in.step.precision, in.step.optimizer);
   plan.zero_paper_split = zero_paper_bytes_per_param(in.step.precision, in.step.optimizer);
@@ -266,8 +267,8 @@ std::vector<std::string> profile_notes(const PlanInputs& in) {
   }
   if (p.calibration_model.empty()) return notes;  // written before the calibrated setup was recorded
   if (p.calibration_model != in.model.name || p.calibration_model_params != in.model.num_params()) {
-    notes.push_back(str_cat(source, "with ", p.calibration_model, " (", p.calibration_model_params,
-                            " params), this plan is for ", in.model.name, " (", in.model.num_params(),
+    notes.push_back(str_cat(source, "with ", p.calibration_model, " (", format_count(p.calibration_model_params),
+                            " params), this plan is for ", in.model.name, " (", format_count(in.model.num_params()),
                             " params): its model FLOP rate is another model's"));
   }
   if (p.calibration_micro_batch_size != in.step.micro_batch_size || p.calibration_seq_len != in.step.seq_len) {
@@ -303,6 +304,17 @@ int64_t parse_bytes(const std::string& text) {
   FSDP_CHECK(mult > 0.0 && v >= 0.0 && std::isfinite(v), ErrorKind::kInvalidArgument, kPlanWhere,
              expected_actual("a byte count like 80GB, 80GiB or 512MiB", "", "'" + text + "'"));
   return static_cast<int64_t>(std::llround(v * mult));
+}
+
+std::string format_count(int64_t n) {
+  const std::string digits = n < 0 ? std::to_string(n).substr(1) : std::to_string(n);
+  std::string out = n < 0 ? "-" : "";
+  for (size_t i = 0; i < digits.size(); ++i) {
+    out += digits[i];
+    const size_t left = digits.size() - i - 1;
+    if (left > 0 && left % 3 == 0) out += ',';
+  }
+  return out;
 }
 
 std::string format_bytes(double bytes) {

@@ -117,8 +117,15 @@ T field(const json& j, const char* key, const std::string& where) {
   }
   try {
     return j.at(key).get<T>();
-  } catch (const json::exception& e) {
-    throw Error(ErrorKind::kCorruptData, kProfileWhere, str_cat("profile: ", path_of(where, key), ": ", e.what()));
+  } catch (const json::exception&) {
+    const char* expected = std::is_same_v<T, bool>             ? "true or false"
+                           : std::is_arithmetic_v<T>           ? "a number"
+                           : std::is_same_v<T, std::string>    ? "a string"
+                                                               : "a JSON value of another type";
+    std::string got = j.at(key).dump();
+    if (got.size() > 60) got = got.substr(0, 57) + "...";
+    throw Error(ErrorKind::kCorruptData, kProfileWhere,
+                str_cat("profile: ", path_of(where, key), " must be ", expected, ", got ", got));
   }
 }
 
@@ -308,7 +315,10 @@ DeviceProfile profile_from_json(const std::string& text) {
   p.name = field<std::string>(j, "name", "");
   p.description = j.value("description", std::string());
   if (j.contains("sources")) p.sources = field<std::vector<std::string>>(j, "sources", "");
-  p.memory_bytes = static_cast<int64_t>(non_negative(j, "memory_bytes", "", kMaxBytes));
+  // Whole bytes; 0: not known (a plan then needs a memory per rank of its own).
+  p.memory_bytes = field<int64_t>(j, "memory_bytes", "");
+  FSDP_CHECK(p.memory_bytes >= 0 && static_cast<double>(p.memory_bytes) <= kMaxBytes, ErrorKind::kCorruptData,
+             kProfileWhere, "profile: memory_bytes must be in [0, 2^60] bytes (0: not known), got ", p.memory_bytes);
   p.ranks_per_node = field<int64_t>(j, "ranks_per_node", "");
   FSDP_CHECK(p.ranks_per_node <= (int64_t{1} << 20), ErrorKind::kCorruptData, kProfileWhere,
              "profile: ranks_per_node must be at most 2^20, got ", p.ranks_per_node);

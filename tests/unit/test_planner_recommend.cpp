@@ -399,8 +399,12 @@ TEST(PlannerProfile, CalibratedSetupRoundTripsAndNotesAPlanForAnother) {
     other.model = fp::gpt_model(fp::gpt_shape("micro", 4096), "micro");
     const std::vector<std::string> notes = fp::make_plan(other).notes;
     ASSERT_EQ(notes.size(), 1u);
-    EXPECT_TRUE(has(notes, std::to_string(micro.num_params()), std::to_string(other.model.num_params())))
+    EXPECT_TRUE(has(notes, fp::format_count(micro.num_params()), fp::format_count(other.model.num_params())))
         << notes[0];
+    EXPECT_TRUE(has(notes, "(13,891,584 params)", "micro")) << notes[0];  // digits grouped in threes
+    EXPECT_EQ(fp::format_count(-1234), "-1,234");
+    EXPECT_EQ(fp::format_count(999), "999");
+    EXPECT_EQ(fp::format_count(1000), "1,000");
   }
   {  // written before the setup was recorded: the world size only
     nlohmann::json j = nlohmann::json::parse(fp::profile_to_json(in.profile));
@@ -458,6 +462,26 @@ TEST(PlannerProfile, ErrorsNameTheFieldsPath) {
   j["ranks_per_node"] = 2.5;  // not cut to 2
   EXPECT_NE(message(j).find("profile: ranks_per_node must be a whole number, got 2.5"), std::string::npos)
       << message(j);
+  // memory_bytes: whole bytes up to 2^60, the limit written as such.
+  j = good;
+  j["memory_bytes"] = 8.5e9;
+  EXPECT_NE(message(j).find("profile: memory_bytes must be a whole number, got 8500000000.0"), std::string::npos)
+      << message(j);
+  j["memory_bytes"] = int64_t{1} << 61;
+  EXPECT_NE(message(j).find("profile: memory_bytes must be in [0, 2^60] bytes (0: not known), got 2305843009213693952"),
+            std::string::npos)
+      << message(j);
+  // A wrong type is named in words, without the JSON library's own text.
+  j = good;
+  j["comm_overlaps_compute"] = "yes";
+  EXPECT_NE(message(j).find("profile: comm_overlaps_compute must be true or false, got \"yes\""), std::string::npos)
+      << message(j);
+  j = good;
+  j["collectives"]["all_gather"]["shared_core_factor"] = "high";
+  EXPECT_NE(message(j).find("profile: collectives.all_gather.shared_core_factor must be a number, got \"high\""),
+            std::string::npos)
+      << message(j);
+  EXPECT_EQ(message(j).find("json.exception"), std::string::npos) << message(j);
 }
 
 TEST(PlannerProfile, CalibrationFitGivesBackTheCollectiveTimes) {

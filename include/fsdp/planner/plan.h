@@ -117,5 +117,7 @@ std::vector<int64_t> hybrid_candidates(int64_t world_size, int64_t ranks_per_nod
 int64_t parse_bytes(const std::string& text);
 /// "112.0 GB" style (decimal units, as the datasheets write them).
 std::string format_bytes(double bytes);
+/// A count with its digits grouped in threes: 13891584 -> "13,891,584", -1234 -> "-1,234".
+std::string format_count(int64_t n);
 
 }  // namespace fsdp::planner
