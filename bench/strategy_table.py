@@ -44,11 +44,16 @@ def plan(cfg, n, strategy, g, profile, bin_dir):
     return json.loads(out)["strategies"][0]
 
 
-def run(preset, n, strategy, steps, out, extra, bin_dir):
+def run(preset, n, strategy, steps, out, extra, bin_dir, reuse=False):
     d = os.path.join(out, f"{preset}_n{n}_{strategy}")
     os.makedirs(d, exist_ok=True)
     metrics = os.path.join(d, "metrics.jsonl")
     g = max(1, n // 2) if strategy == "hybrid_shard" else 0
+    if reuse:  # --reuse-runs: the metrics an earlier run wrote there
+        if not os.path.exists(metrics):
+            return None, g
+        events = [json.loads(l) for l in open(metrics)]
+        return (next(e for e in events if e["event"] == "config"), [e for e in events if e["event"] == "step"]), g
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(n),
            os.path.join(bin_dir, "fsdp-train"), "--model", preset, "--strategy", strategy,
            "--steps", str(steps), "--metrics", metrics, "--progress", "lines", "--eval-every", "0",
@@ -76,6 +81,9 @@ def main():
                          "params lazily and warms the allocator; at N = 4 on 2 cores the first ~5 run slower than the rest)")
     ap.add_argument("--out", default="out/strategies")
     ap.add_argument("--bin", default="build/bin", help="folder holding fsdp-train and fsdp-plan")
+    ap.add_argument("--reuse-runs", action="store_true",
+                    help="run nothing: plan again the runs whose metrics are already in --out (a planner change "
+                         "checked against the same measurements and profile)")
     ap.add_argument("--profile", default="",
                     help="fsdp-plan profile (e.g. from `mpirun -n 2 fsdp-plan --calibrate --out FILE`) for "
                          "the predicted step time; without it that column is left empty")
@@ -87,7 +95,7 @@ def main():
     for preset in a.presets.split(","):
         for n in [int(x) for x in a.nranks.split(",")]:
             for s in a.strategies.split(","):
-                res, g = run(preset, n, s, a.steps, a.out, a.extra, a.bin)
+                res, g = run(preset, n, s, a.steps, a.out, a.extra, a.bin, a.reuse_runs)
                 if res is None:
                     rows.append(f"| {preset} | {n} | {s} | failed (see {a.out}) | | | | | | | | | | |")
                     continue
@@ -108,7 +116,7 @@ def main():
                 peak = max(e["mem"]["peak_bytes"] for e in timed)
                 peak_err = 100.0 * (p["peak"]["peak_bytes"] - peak) / peak
                 step_plan = f"{p['time']['step_s']:.2f}" if a.profile else ""
-                step_err = f"{100.0 * (p['time']['step_s'] - step_s) / step_s:+.0f}%" if a.profile else ""
+                step_err = f"{100.0 * (p['time']['step_s'] - step_s) / step_s:+.1f}%" if a.profile else ""
                 rows.append(f"| {preset} | {n} | {name} | {state:,} | {planned:,} | {ms['zero_paper_bytes']:,.0f} | "
                             f"{peak:,} | {p['peak']['peak_bytes']:,} | {peak_err:+.1f}% | {cbytes:,} | "
                             f"{p['traffic']['logical_bytes']:,} | {step_s:.2f} | {step_plan} | {step_err} |")
