@@ -105,7 +105,7 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
   app.add_option("--mixed-precision", f.mixed_precision,
                  "Unsharded param and gradient-reduction dtype (master weights and optimizer state stay fp32)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->group("Parallelism");
-  app.add_option("--optimizer", f.optimizer, "adamw (8 B/param of state), sgd-momentum (4), sgd (0)")
+  app.add_option("--optimizer", f.optimizer, "adamw (8 B/param of state; adam: the same state and update cost, planned as adamw), sgd-momentum (4), sgd (0)")
       ->check(CLI::IsMember({"adamw", "adam", "sgd-momentum", "sgd"}))->group("Parallelism");
   app.add_option("--forward-prefetch", f.forward_prefetch, "Issue the next unit's all-gather at each pre-forward (true|false)")
       ->check(apps::train::boolean_word())

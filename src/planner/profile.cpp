@@ -94,7 +94,7 @@ json link_json(const LinkProfile& l) {
 // below 1e18 per second; memory below 1 EiB).
 constexpr double kMaxSeconds = 3600.0;
 constexpr double kMaxRate = 1e18;
-constexpr double kMaxBytes = 1152921504606846976.0;  // 2^60
+constexpr int64_t kMaxBytes = int64_t{1} << 60;
 constexpr int64_t kMaxNumel = int64_t{1} << 50;
 constexpr double kMaxSharedCoreFactor = 1000.0;
 
@@ -114,14 +114,19 @@ T field(const json& j, const char* key, const std::string& where) {
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     FSDP_CHECK(j.at(key).is_number_integer(), ErrorKind::kCorruptData, kProfileWhere, "profile: ",
                path_of(where, key), " must be a whole number, got ", j.at(key).dump());
+    // Past int64 (nlohmann keeps it unsigned; get<int64_t> would wrap it to a negative number).
+    FSDP_CHECK(!j.at(key).is_number_unsigned() || j.at(key).get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
+               ErrorKind::kCorruptData, kProfileWhere, "profile: ", path_of(where, key),
+               " must be at most 2^63 - 1, got ", j.at(key).dump());
   }
   try {
     return j.at(key).get<T>();
   } catch (const json::exception&) {
-    const char* expected = std::is_same_v<T, bool>             ? "true or false"
-                           : std::is_arithmetic_v<T>           ? "a number"
-                           : std::is_same_v<T, std::string>    ? "a string"
-                                                               : "a JSON value of another type";
+    const char* expected = std::is_same_v<T, bool>                        ? "true or false"
+                           : std::is_arithmetic_v<T>                      ? "a number"
+                           : std::is_same_v<T, std::string>               ? "a string"
+                           : std::is_same_v<T, std::vector<std::string>>  ? "an array of strings"
+                                                                          : "a JSON value of another type";
     std::string got = j.at(key).dump();
     if (got.size() > 60) got = got.substr(0, 57) + "...";
     throw Error(ErrorKind::kCorruptData, kProfileWhere,
@@ -309,21 +314,25 @@ DeviceProfile profile_from_json(const std::string& text) {
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    throw Error(ErrorKind::kCorruptData, kProfileWhere, str_cat("profile: not JSON: ", e.what()));
+    // nlohmann's text less its "[json.exception.parse_error.101] " tag.
+    std::string what = e.what();
+    if (!what.empty() && what[0] == '[' && what.find("] ") != std::string::npos) what = what.substr(what.find("] ") + 2);
+    throw Error(ErrorKind::kCorruptData, kProfileWhere, str_cat("profile: not JSON: ", what));
   }
   DeviceProfile p;
   p.name = field<std::string>(j, "name", "");
-  p.description = j.value("description", std::string());
+  if (j.contains("description")) p.description = field<std::string>(j, "description", "");
   if (j.contains("sources")) p.sources = field<std::vector<std::string>>(j, "sources", "");
   // Whole bytes; 0: not known (a plan then needs a memory per rank of its own).
   p.memory_bytes = field<int64_t>(j, "memory_bytes", "");
-  FSDP_CHECK(p.memory_bytes >= 0 && static_cast<double>(p.memory_bytes) <= kMaxBytes, ErrorKind::kCorruptData,
+  FSDP_CHECK(p.memory_bytes >= 0 && p.memory_bytes <= kMaxBytes, ErrorKind::kCorruptData,
              kProfileWhere, "profile: memory_bytes must be in [0, 2^60] bytes (0: not known), got ", p.memory_bytes);
   p.ranks_per_node = field<int64_t>(j, "ranks_per_node", "");
   FSDP_CHECK(p.ranks_per_node <= (int64_t{1} << 20), ErrorKind::kCorruptData, kProfileWhere,
              "profile: ranks_per_node must be at most 2^20, got ", p.ranks_per_node);
-  FSDP_CHECK(p.ranks_per_node >= 1, ErrorKind::kCorruptData, kProfileWhere, "profile: ranks_per_node must be >= 1");
-  const json& f = j.contains("matmul_flops_per_s") ? j.at("matmul_flops_per_s") : json();
+  FSDP_CHECK(p.ranks_per_node >= 1, ErrorKind::kCorruptData, kProfileWhere, "profile: ranks_per_node must be >= 1, got ",
+             p.ranks_per_node);
+  const json& f = field<json>(j, "matmul_flops_per_s", "");
   p.matmul_flops_per_s_fp32 = rate(f, "fp32", "matmul_flops_per_s");
   p.matmul_flops_per_s_bf16 = rate(f, "bf16", "matmul_flops_per_s");
   p.matmul_flops_per_s_fp16 = f.contains("fp16") ? rate(f, "fp16", "matmul_flops_per_s") : 0.0;
@@ -361,7 +370,7 @@ DeviceProfile profile_from_json(const std::string& text) {
   FSDP_CHECK(!(p.compute_oversubscribed && p.comm_overlaps_compute), ErrorKind::kCorruptData, kProfileWhere,
              "profile: compute_oversubscribed true needs comm_overlaps_compute false (compute that needs more "
              "cores than the node has leaves none to communication)");
-  const json& c = j.contains("collectives") ? j.at("collectives") : json::object();
+  const json& c = field<json>(j, "collectives", "");  // null: a one-rank calibration
   p.has_collectives = !c.is_null();
   CollectiveLinks* links[] = {&p.all_gather, &p.reduce_scatter, &p.all_reduce};
   for (int k = 0; k < 3 && p.has_collectives; ++k) {

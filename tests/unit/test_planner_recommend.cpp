@@ -482,6 +482,40 @@ TEST(PlannerProfile, ErrorsNameTheFieldsPath) {
             std::string::npos)
       << message(j);
   EXPECT_EQ(message(j).find("json.exception"), std::string::npos) << message(j);
+  j = good;
+  j["description"] = nullptr;
+  EXPECT_NE(message(j).find("profile: description must be a string, got null"), std::string::npos) << message(j);
+  j = good;
+  j["sources"] = "x";
+  EXPECT_NE(message(j).find("profile: sources must be an array of strings, got \"x\""), std::string::npos)
+      << message(j);
+  // Past int64 is named as such, not wrapped to a negative number; 2^60 + 1 bytes is past the limit.
+  j = good;
+  j["memory_bytes"] = uint64_t{1} << 63;
+  EXPECT_NE(message(j).find("profile: memory_bytes must be at most 2^63 - 1, got 9223372036854775808"),
+            std::string::npos)
+      << message(j);
+  j["memory_bytes"] = (int64_t{1} << 60) + 1;
+  EXPECT_NE(message(j).find("memory_bytes must be in [0, 2^60]"), std::string::npos) << message(j);
+  j["memory_bytes"] = int64_t{1} << 60;
+  EXPECT_EQ(message(j), "accepted");
+  j = good;
+  j.erase("matmul_flops_per_s");
+  EXPECT_NE(message(j).find("profile: the file has no field 'matmul_flops_per_s'"), std::string::npos) << message(j);
+  j = good;
+  j.erase("collectives");
+  EXPECT_NE(message(j).find("profile: the file has no field 'collectives'"), std::string::npos) << message(j);
+  // Not JSON: the parser's words without its tag.
+  const std::string bad = [] {
+    try {
+      fp::profile_from_json("{\"name\": ");
+    } catch (const fsdp::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  }();
+  EXPECT_NE(bad.find("profile: not JSON: parse error"), std::string::npos) << bad;
+  EXPECT_EQ(bad.find("[json.exception"), std::string::npos) << bad;
 }
 
 TEST(PlannerProfile, CalibrationFitGivesBackTheCollectiveTimes) {
