@@ -265,6 +265,14 @@ std::vector<std::string> profile_notes(const PlanInputs& in) {
                             ": its collective fits and shared-core factors were measured over that group "
                             "(a calibration at the planned world size gives the closest step time)"));
   }
+  // A calibration measures the model rate of fp32 and bf16 (fp16 only when asked): a plan in a
+  // precision it did not measure runs its FLOPs at that precision's at::mm rate instead.
+  if (p.model_flops_per_s(in.step.precision) <= 0 &&
+      (p.model_flops_per_s_fp32 > 0 || p.model_flops_per_s_bf16 > 0 || p.model_flops_per_s_fp16 > 0)) {
+    notes.push_back(str_cat(source, "without a model rate for ", to_string(in.step.precision),
+                            ": this plan's compute runs at its at::mm rate, which leaves out a step's other kernels "
+                            "(calibrate with --mixed-precision ", to_string(in.step.precision), " to measure it)"));
+  }
   if (p.calibration_model.empty()) return notes;  // written before the calibrated setup was recorded
   if (p.calibration_model != in.model.name || p.calibration_model_params != in.model.num_params()) {
     notes.push_back(str_cat(source, "with ", p.calibration_model, " (", format_count(p.calibration_model_params),

@@ -233,7 +233,7 @@ double DeviceProfile::flops_per_s(Precision p) const {
   if (const double m = model_flops_per_s(p); m > 0) return m;
   double r = matmul_flops_per_s_fp32;
   if (p == Precision::kBf16) r = matmul_flops_per_s_bf16;
-  if (p == Precision::kFp16) r = matmul_flops_per_s_fp16 > 0 ? matmul_flops_per_s_fp16 : matmul_flops_per_s_bf16;
+  if (p == Precision::kFp16) r = matmul_flops_per_s_fp16;
   return r * compute_efficiency;
 }
 

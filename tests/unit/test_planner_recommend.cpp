@@ -352,6 +352,32 @@ TEST(PlannerProfile, OneRankCalibrationPlansOneRankOnly) {
   EXPECT_THROW(fp::profile_from_json(fp::profile_to_json(p)), fsdp::Error);
 }
 
+// A precision the profile has no rate for is refused (no other precision's rate stands in); one a
+// calibration measured no model rate for is planned at its at::mm rate, with a note saying so.
+TEST(PlannerProfile, APrecisionWithoutARateIsRefusedOrNoted) {
+  const fp::ModelSpec micro = fp::gpt_model(fp::gpt_shape("micro", 8192), "micro");
+  fp::PlanInputs in = inputs(micro, 2, fp::Precision::kFp16, "a100");
+  EXPECT_TRUE(fp::make_plan(in).notes.empty());  // a datasheet profile with an fp16 rate
+  in.profile.matmul_flops_per_s_fp16 = 0.0;
+  try {
+    fp::make_plan(in);
+    ADD_FAILURE() << "fp16 planned without an fp16 rate";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no matmul rate for fp16"), std::string::npos) << e.what();
+  }
+  in.profile = fp::builtin_profile("a100");
+  in.profile.model_flops_per_s_fp32 = 5e10;  // as a calibration measures: fp32 and bf16
+  in.profile.model_flops_per_s_bf16 = 8e10;
+  in.profile.calibration_world_size = 2;  // the plan's
+  const fp::Plan fp16 = fp::make_plan(in);
+  ASSERT_EQ(fp16.notes.size(), 1u);
+  EXPECT_NE(fp16.notes[0].find("without a model rate for fp16"), std::string::npos) << fp16.notes[0];
+  EXPECT_DOUBLE_EQ(fp16.strategies[0].time.compute_s,
+                   fp::step_flops(micro, in.step) / (in.profile.matmul_flops_per_s_fp16 * in.profile.compute_efficiency));
+  in.step.precision = fp::Precision::kBf16;
+  EXPECT_TRUE(fp::make_plan(in).notes.empty());
+}
+
 // A calibrated profile records its setup (world size, model, micro-batch x sequence length); a
 // plan for another setup gets one note per difference, naming both; a datasheet profile, a
 // matching setup and a profile written before the setup was recorded get none.

@@ -132,7 +132,8 @@ struct DeviceProfile {
   std::vector<CalibrationFit> fits;
 
   /// The rate a step's FLOPs run at for a precision: the measured model rate when there is one,
-  /// else the matmul rate times compute_efficiency (fp16 falls back to bf16 when 0).
+  /// else the matmul rate times compute_efficiency; 0 when the profile has neither for `p` (the
+  /// time model then refuses to plan that precision).
   double flops_per_s(Precision p) const;
   /// model_flops_per_s_* of a precision; 0: not measured.
   double model_flops_per_s(Precision p) const;
