@@ -91,6 +91,15 @@ def usage_errors(bin_path):
           f"a bool flag's bad value named in words: {p.stderr!r}")
 
 
+def run_calibration(mpirun, bin_path, out, threads, mpirun_flags=(), timeout=180):
+    """mpirun -n 2 fsdp-plan --calibrate of a one-layer nano at micro-batch 2 x 64 into `out`."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    return subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", *mpirun_flags, "-n", "2", bin_path,
+                           "--calibrate", "--threads", str(threads), "--out", out, "--model", "nano", "--n-layer", "1",
+                           "--micro-batch-size", "2", "--seq-len", "64"], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
 def calibrate(bin_path, tmp):
     mpirun = shutil.which("mpirun")
     if not mpirun:
@@ -98,9 +107,7 @@ def calibrate(bin_path, tmp):
         return
     out = os.path.join(tmp, "profile.json")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2", bin_path, "--calibrate",
-                        "--out", out, "--model", "nano", "--n-layer", "1", "--micro-batch-size", "2",
-                        "--seq-len", "64"], capture_output=True, text=True, timeout=180, env=env)
+    p = run_calibration(mpirun, bin_path, out, 1)
     check(p.returncode == 0, f"--calibrate: exit {p.returncode}; {p.stderr.strip()}")
     if p.returncode != 0:
         return
@@ -180,11 +187,7 @@ def calibrate_oversubscribed(bin_path, tmp):
         print("calibrate_oversubscribed: skipped (no mpirun)")
         return
     out = os.path.join(tmp, "profile_over.json")
-    env = dict(os.environ, OMP_NUM_THREADS="2")
-    p = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "core", "-n", "2", bin_path,
-                        "--calibrate", "--threads", "2", "--out", out, "--model", "nano", "--n-layer", "1",
-                        "--micro-batch-size", "2", "--seq-len", "64"], capture_output=True, text=True, timeout=240,
-                       env=env)
+    p = run_calibration(mpirun, bin_path, out, 2, mpirun_flags=("--bind-to", "core"), timeout=240)
     check(p.returncode == 0, f"--calibrate --threads 2: exit {p.returncode}; {p.stderr.strip()[-400:]}")
     if p.returncode != 0:
         return
