@@ -50,10 +50,7 @@ def run(preset, n, strategy, steps, out, extra, bin_dir, reuse=False):
     metrics = os.path.join(d, "metrics.jsonl")
     g = max(1, n // 2) if strategy == "hybrid_shard" else 0
     if reuse:  # --reuse-runs: the metrics an earlier run wrote there
-        if not os.path.exists(metrics):
-            return None, g
-        events = [json.loads(l) for l in open(metrics)]
-        return (next(e for e in events if e["event"] == "config"), [e for e in events if e["event"] == "step"]), g
+        return (read_metrics(metrics) if os.path.exists(metrics) else None), g
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(n),
            os.path.join(bin_dir, "fsdp-train"), "--model", preset, "--strategy", strategy,
            "--steps", str(steps), "--metrics", metrics, "--progress", "lines", "--eval-every", "0",
@@ -64,10 +61,13 @@ def run(preset, n, strategy, steps, out, extra, bin_dir, reuse=False):
         rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
     if rc != 0:
         return None, g
+    return read_metrics(metrics), g
+
+
+def read_metrics(metrics):
+    """fsdp-train's metrics file: (its config event, its step events)."""
     events = [json.loads(l) for l in open(metrics)]
-    cfg = next(e for e in events if e["event"] == "config")
-    steps_ev = [e for e in events if e["event"] == "step"]
-    return (cfg, steps_ev), g
+    return next(e for e in events if e["event"] == "config"), [e for e in events if e["event"] == "step"]
 
 
 def main():

@@ -36,22 +36,26 @@ using fsdp::comm::now_s;
 
 namespace {
 
-// The slowest rank's value of every entry (a max all-reduce); `min` for rates.
-std::vector<double> across_ranks(fsdp::comm::ProcessGroup& g, std::vector<double> v, bool min) {
+// Every entry all-reduced over the ranks by `op` (a double tensor). Blocking; collective.
+std::vector<double> all_reduce_values(fsdp::comm::ProcessGroup& g, const std::vector<double>& v, fsdp::comm::ReduceOp op) {
   at::Tensor t = at::tensor(v, at::kDouble);
-  if (min) t.neg_();
-  g.all_reduce(t, fsdp::comm::ReduceOp::kMax)->wait();
-  if (min) t.neg_();
+  g.all_reduce(t, op)->wait();
   const double* p = t.data_ptr<double>();
   return std::vector<double>(p, p + v.size());
 }
 
+// The slowest rank's value of every entry (a max all-reduce); `min` for rates.
+std::vector<double> across_ranks(fsdp::comm::ProcessGroup& g, std::vector<double> v, bool min) {
+  if (!min) return all_reduce_values(g, v, fsdp::comm::ReduceOp::kMax);
+  for (double& x : v) x = -x;
+  std::vector<double> r = all_reduce_values(g, v, fsdp::comm::ReduceOp::kMax);
+  for (double& x : r) x = -x;
+  return r;
+}
+
 // The mean over ranks of every entry (an average all-reduce).
 std::vector<double> mean_across_ranks(fsdp::comm::ProcessGroup& g, const std::vector<double>& v) {
-  at::Tensor t = at::tensor(v, at::kDouble);
-  g.all_reduce(t, fsdp::comm::ReduceOp::kAvg)->wait();
-  const double* p = t.data_ptr<double>();
-  return std::vector<double>(p, p + v.size());
+  return all_reduce_values(g, v, fsdp::comm::ReduceOp::kAvg);
 }
 
 // Issues one collective of `kind` over (world x S) `big` and (S) `small`, as the engine does: the
