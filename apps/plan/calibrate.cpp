@@ -25,6 +25,7 @@
 #include "fsdp/accounting/memory.h"
 #include "fsdp/common/cpu_info.h"
 #include "fsdp/optim/clip.h"
+#include "fsdp/planner/memory.h"
 #include "fsdp/planner/time_model.h"
 #include "models/gpt.h"
 #include "models/llama.h"
@@ -288,25 +289,27 @@ double model_rate(TrainingPass& pass, fsdp::comm::ProcessGroup& g) {
 
 // [Note: collectives beside compute] What a collective costs a training step where communication
 // shares the compute cores. Each rank's communication thread runs `count` collectives of `kind`
-// (fp32, 4 MiB logical each, over a pool of 16 buffer pairs used in turn) beside a training pass
+// (fp32, each the size of the model's largest reduce-scatter at this world size, within 4 to 64 MiB:
+// a collective's speed and its cost to compute change with its size, and the model's messages are
+// what a step sends; over a pool of up to 16 buffer pairs used in turn) beside a training pass
 // as the engine's run: all-gathers issued at the start of its forward, reduce-scatters and
 // all-reduces at the start of its backward; all ranks at once. The wall time until both the pass
 // and the collectives are done, minus the pass alone, is what the collectives added; over their
-// time alone (`op_alone_s` each, from the fit) it is the shared-core factor (profile.h
+// time alone (`op_alone_s` each, from the measured points) it is the shared-core factor (profile.h
 // CollectiveLinks::shared_core_factor). `count` makes the collectives' time alone about half of
 // the pass (of its backward for the reductions), as in a step, so that the difference stands well
 // above the pass's own spread. The pass alone and the pass with collectives alternate (the
 // machine's speed drifts); the median of 5 such pairs' differences after a warm-up pair; the
-// slowest rank's.
-double shared_core_factor(WorkTimer& timer, CollectiveKind kind, double op_alone_s, TrainingPass& pass) {
+// slowest rank's. Where compute oversubscribes the cores the same runs give the duration factor:
+// the collectives' own seconds on their thread beside the pass over their time alone.
+struct BesideCompute {
+  double shared_core_factor = 1.0;  ///< seconds added to the pass per second alone
+  double duration_factor = 1.0;     ///< seconds on the communication thread per second alone
+};
+BesideCompute beside_compute(WorkTimer& timer, CollectiveKind kind, int64_t logical_bytes, double op_alone_s,
+                             TrainingPass& pass) {
   fsdp::comm::ProcessGroup& g = timer.group();
-  const int64_t n = g.size(), elems = (int64_t{4} << 20) / 4 / n * n;
-  constexpr int kPool = 16;
-  std::vector<at::Tensor> big, small;
-  for (int i = 0; i < kPool; ++i) {
-    big.push_back(at::zeros({elems}, at::kFloat));
-    small.push_back(at::zeros({elems / n}, at::kFloat));
-  }
+  const int64_t n = g.size(), elems = std::max<int64_t>(n, logical_bytes / 4 / n * n);
   g.barrier()->wait();
   pass.run();
   const double pass_s = across_ranks(g, {pass.run()}, /*min=*/false)[0];
@@ -315,24 +318,36 @@ double shared_core_factor(WorkTimer& timer, CollectiveKind kind, double op_alone
   const bool in_backward = kind != CollectiveKind::kAllGather;
   const double window_s = in_backward ? pass_s * 2.0 / 3.0 : pass_s;
   const int count = static_cast<int>(std::clamp(0.5 * window_s / std::max(op_alone_s, 1e-9), 2.0, 4096.0));
+  const int pool = std::min(16, count);
+  std::vector<at::Tensor> big, small;
+  for (int i = 0; i < pool; ++i) {
+    big.push_back(at::zeros({elems}, at::kFloat));
+    small.push_back(at::zeros({elems / n}, at::kFloat));
+  }
   auto alone = [&] {
     g.barrier()->wait();
     return timer.seconds([&] { pass.run(); });
   };
+  std::vector<double> durations;  // each beside-run's seconds of the collectives on their thread
   auto beside = [&] {
     g.barrier()->wait();
-    return timer.seconds([&] {
-      std::vector<fsdp::comm::WorkPtr> works;
+    std::vector<fsdp::comm::WorkPtr> works;
+    const double s = timer.seconds([&] {
       auto issue = [&] {
-        for (int i = 0; i < count; ++i) works.push_back(issue_collective(g, kind, big[i % kPool], small[i % kPool]));
+        for (int i = 0; i < count; ++i) works.push_back(issue_collective(g, kind, big[i % pool], small[i % pool]));
       };
       if (!in_backward) issue();
       pass.run(in_backward ? std::function<void()>(issue) : std::function<void()>());
       for (auto& w : works) w->wait();
     });
+    double busy_s = 0.0;
+    for (auto& w : works) busy_s += w->duration_s();
+    durations.push_back(busy_s);
+    return s;
   };
   alone();
   beside();
+  durations.clear();
   std::vector<double> added;
   for (int r = 0; r < 5; ++r) {
     const double a = alone();
@@ -346,8 +361,15 @@ double shared_core_factor(WorkTimer& timer, CollectiveKind kind, double op_alone
   // 0.22-0.51 at N = 4 on 2 cores), and the replay adds the step's waits on its own ([Note:
   // time-shared cores]); at least kMinOversubscribedFactor there (smaller differences are within
   // the pass's spread).
-  const double added_s = across_ranks(g, {median(added)}, /*min=*/false)[0];
-  return std::max(timer.together() ? fp::kMinOversubscribedFactor : 1.0, added_s / (count * op_alone_s));
+  // The duration factor, where compute oversubscribes the cores (profile.h
+  // CollectiveLinks::duration_factor): the collectives' seconds on their thread beside the pass
+  // over their time alone, median of the 5 runs, slowest rank; at least 1 (beside compute a
+  // collective does not run faster than alone; smaller values are within the spread).
+  const std::vector<double> v = across_ranks(g, {median(added), median(durations)}, /*min=*/false);
+  BesideCompute r;
+  r.shared_core_factor = std::max(timer.together() ? fp::kMinOversubscribedFactor : 1.0, v[0] / (count * op_alone_s));
+  if (timer.together()) r.duration_factor = std::clamp(v[1] / (count * op_alone_s), 1.0, 1000.0);
+  return r;
 }
 
 // [Note: step update calibration] Seconds of the step update of one fp32 tensor by its size
@@ -455,6 +477,35 @@ int64_t ranks_on_this_node(int64_t world) {
   return world;
 }
 
+// [Note: collective sizes] The logical bytes the collectives are timed at: a grid (4 KiB to 32 MiB)
+// and the model's own messages at this world size and the step's precision (each unit's all-gather
+// and reduce-scatter, no_shard's buckets), up to kMaxCollectiveBytes.
+// The time model interpolates between the points (time_model.h collective_time_s): a machine's
+// collectives are not one line (Open MPI's reduce-scatter over 4 ranks on 2 cores ran 1.4 GB/s at
+// 12 MiB and 0.5 GB/s at 16 MiB), so the sizes a step sends are measured, not extrapolated. A
+// model message within 5% of a size already in the list is left out. Ascending.
+std::vector<int64_t> collective_sizes(const fp::ModelSpec& m, const fp::StepSetup& step, int64_t n) {
+  constexpr int64_t kMaxCollectiveBytes = int64_t{256} << 20;
+  std::vector<int64_t> sizes{4 << 10, 64 << 10, 1 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20};
+  const int64_t pb = fp::param_bytes_per_elem(step.precision), rb = fp::reduce_bytes_per_elem(step.precision);
+  std::vector<int64_t> messages;
+  for (const fp::UnitSpec& u : m.units) {
+    const fp::UnitNumbers un = fp::unit_numbers(u, n, 0);
+    messages.push_back(pb * un.gathered_numel);
+    messages.push_back(rb * un.reduce_numel);
+    for (int64_t b : fp::ddp_bucket_numels(u, step.bucket_cap_bytes, rb)) messages.push_back(rb * b);
+  }
+  for (int64_t b : messages) {
+    if (b < (4 << 10) || b > kMaxCollectiveBytes) continue;
+    const bool near = std::any_of(sizes.begin(), sizes.end(), [b](int64_t x) {
+      return std::abs(static_cast<double>(b - x)) <= 0.05 * static_cast<double>(x);
+    });
+    if (!near) sizes.push_back(b);
+  }
+  std::sort(sizes.begin(), sizes.end());
+  return sizes;
+}
+
 }  // namespace
 
 fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& world, std::ostream& log) {
@@ -483,7 +534,7 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
   p.compute_oversubscribed = p.ranks_per_node * flags.threads > cores;
   WorkTimer timer(world, p.compute_oversubscribed);
 
-  const std::vector<int64_t> sizes{4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20};
+  const std::vector<int64_t> sizes = collective_sizes(m, in.step, N);
   const CollectiveKind kinds[] = {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce};
   fp::CollectiveLinks* links[] = {&p.all_gather, &p.reduce_scatter, &p.all_reduce};
   // One rank measures no collective: its profile plans N = 1 only (profile.h has_collectives).
@@ -571,26 +622,41 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
   p.step_update_s_per_elem_sgd_momentum = per_elem(p.step_update_points_sgd_momentum);
   p.step_update_s_per_elem_sgd = per_elem(p.step_update_points_sgd);
   // Where communication shares the cores: what each kind costs beside a training pass.
-  std::string factor_source = "shared_core_factor: 1, not measured (communication overlaps compute)";
+  std::string factor_source = "shared_core_factor, duration_factor: 1, not measured (communication overlaps compute)";
   if (p.has_collectives && !p.comm_overlaps_compute) {
-    std::string line = "beside a training pass, a collective costs";
-    for (int k = 0; k < 3; ++k) {
-      const int64_t logical = (int64_t{4} << 20) / 4 / N * N * 4;
-      const double op_s = p.fits[k].alpha_s + p.fits[k].beta_s_per_byte * static_cast<double>(logical);
-      links[k]->shared_core_factor = shared_core_factor(timer, kinds[k], op_s, *step_pass);
-      char buf[80];
-      std::snprintf(buf, sizeof(buf), "%s %s %.2fx", k ? "," : "", fsdp::comm::to_string(kinds[k]),
-                    links[k]->shared_core_factor);
-      line += buf;
+    std::string line = "beside a training pass, a collective costs", takes;
+    // At the size of the model's largest reduce-scatter ([Note: collectives beside compute]).
+    int64_t largest = 0;
+    for (const fp::UnitSpec& u : m.units) {
+      largest = std::max(largest, fp::reduce_bytes_per_elem(in.step.precision) * fp::unit_numbers(u, N, 0).reduce_numel);
     }
-    if (root) log << line << " its time alone" << std::endl;
+    const int64_t logical = std::clamp<int64_t>(largest, int64_t{4} << 20, int64_t{64} << 20) / 4 / N * N * 4;
+    for (int k = 0; k < 3; ++k) {
+      const double op_s = fp::collective_time_s(p, kinds[k], logical, N, /*crosses_nodes=*/false);
+      const BesideCompute b = beside_compute(timer, kinds[k], logical, op_s, *step_pass);
+      links[k]->shared_core_factor = b.shared_core_factor;
+      links[k]->duration_factor = b.duration_factor;
+      char buf[80];
+      std::snprintf(buf, sizeof(buf), "%s %s %.2fx", k ? "," : "", fsdp::comm::to_string(kinds[k]), b.shared_core_factor);
+      line += buf;
+      std::snprintf(buf, sizeof(buf), "%s %s %.2fx", k ? "," : "", fsdp::comm::to_string(kinds[k]), b.duration_factor);
+      takes += buf;
+    }
+    line += " its time alone";
+    if (p.compute_oversubscribed) line += "; beside computing it runs" + takes + " slower than alone";
+    if (root) log << line << std::endl;
     factor_source = std::string("shared_core_factor: per kind, ") +
                     (p.compute_oversubscribed ? "at least 0.1 (compute oversubscribes the cores)" : "at least 1") +
-                    ", the seconds 4 MiB fp32 collectives (about half "
+                    ", the seconds fp32 collectives the size of the model's largest reduce-scatter (" +
+                    std::to_string(logical) + " bytes, within 4 to 64 MiB; about half "
                     "a pass's time alone; all-gathers issued at the start of its forward, reductions of its backward) added to "
                     "a training forward + backward of " + m.name +
                     " running beside them (a parameter-count model: 1024 x 1024 matmuls), over their time alone; "
-                    "the median of 5 pairs (pass alone, pass with collectives), slowest rank, all ranks at once";
+                    "the median of 5 pairs (pass alone, pass with collectives), slowest rank, all ranks at once" +
+                    (p.compute_oversubscribed ? "; duration_factor: per kind, at least 1, the same collectives' seconds "
+                                                "on the communication thread beside the pass over their time alone, "
+                                                "median of the 5, slowest rank"
+                                              : "; duration_factor: 1, not measured (compute fits the cores)");
   }
   // [Note: model rate twice] The machine's speed drifts over tens of seconds (a shared guest), and a
   // calibration takes about that long: the step's precision is sampled again here, at its end, and
@@ -627,8 +693,10 @@ fp::DeviceProfile calibrate(const PlanFlags& flags, fsdp::comm::ProcessGroup& wo
   }
   p.sources = {
       N >= 2 ? "measured by fsdp-plan --calibrate at N = " + std::to_string(N) + " over MPI (ProcessGroup): all-gather, "
-                   "reduce-scatter, all-reduce of fp32 tensors of 4 KiB to 16 MiB, median of 5-9 runs, slowest rank; "
-                   "t = alpha + beta x bytes fitted per kind; one node measured, so inter_node repeats intra_node"
+                   "reduce-scatter, all-reduce of fp32 tensors of 4 KiB to 32 MiB and of " + m.name + "'s own message sizes "
+                   "(up to 256 MiB), median of 5-9 runs, slowest rank: the time model interpolates these points "
+                   "(calibration.fits); the links are t = alpha + beta x bytes fitted per kind, for other nodes; one node "
+                   "measured, so inter_node repeats intra_node"
              : std::string("measured by fsdp-plan --calibrate on one rank: no collectives (this profile plans N = 1)"),
       "matmul rates: at::mm of " + m.name + "'s forward shapes with " + std::to_string(rows) + " rows (micro-batch x "
           "sequence length), weighted by FLOPs, slowest rank, " + std::to_string(flags.threads) +

@@ -186,6 +186,30 @@ std::vector<UpdatePoint> update_points_from(const json& c, const char* key) {
   return out;
 }
 
+// calibration.fits.<kind>.points_bytes_seconds: [[logical bytes, seconds], ...], bytes in
+// [1, 2^60] strictly ascending, seconds in [0, kMaxSeconds]; absent or empty: no points (the
+// time model then uses the links).
+std::vector<CalibrationPoint> calibration_points_from(const json& e, const std::string& where) {
+  if (!e.contains("points_bytes_seconds")) return {};
+  const json& a = e.at("points_bytes_seconds");
+  FSDP_CHECK(a.is_array(), ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
+             ".points_bytes_seconds must be an array of [bytes, seconds], got ", a.type_name());
+  std::vector<CalibrationPoint> out;
+  for (const json& pt : a) {
+    FSDP_CHECK(pt.is_array() && pt.size() == 2 && pt.at(0).is_number_integer() && pt.at(1).is_number(),
+               ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
+               ".points_bytes_seconds: every point is [bytes, seconds], got ", pt.dump());
+    const CalibrationPoint c{pt.at(0).get<int64_t>(), pt.at(1).get<double>()};
+    FSDP_CHECK(c.logical_bytes > 0 && c.logical_bytes <= kMaxBytes && c.seconds >= 0 && c.seconds <= kMaxSeconds &&
+                   (out.empty() || c.logical_bytes > out.back().logical_bytes),
+               ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
+               ".points_bytes_seconds: bytes must be in [1, 2^60] and strictly ascending, seconds in [0, ", kMaxSeconds,
+               "]; got ", pt.dump());
+    out.push_back(c);
+  }
+  return out;
+}
+
 }  // namespace
 
 int64_t step_update_bytes_per_elem(OptimizerKind o) {
@@ -288,7 +312,8 @@ std::string profile_to_json(const DeviceProfile& p) {
   for (int k = 0; k < 3 && p.has_collectives; ++k) {
     j["collectives"][kKinds[k]] = {{"intra_node", link_json(links[k]->intra_node)},
                                    {"inter_node", link_json(links[k]->inter_node)},
-                                   {"shared_core_factor", links[k]->shared_core_factor}};
+                                   {"shared_core_factor", links[k]->shared_core_factor},
+                                   {"duration_factor", links[k]->duration_factor}};
   }
   if (p.calibration_world_size > 0) {
     j["calibration"]["world_size"] = p.calibration_world_size;
@@ -391,6 +416,13 @@ DeviceProfile profile_from_json(const std::string& text) {
                  ", got ", f);
       links[k]->shared_core_factor = f;
     }
+    if (e.contains("duration_factor")) {  // absent in profiles written before it was measured: 1
+      const double d = field<double>(e, "duration_factor", where);
+      FSDP_CHECK(d >= 1.0 && d <= kMaxSharedCoreFactor, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
+                 ".duration_factor must be in [1, ", kMaxSharedCoreFactor,
+                 "] (beside compute a collective runs no faster than alone), got ", d);
+      links[k]->duration_factor = d;
+    }
   }
   if (j.contains("calibration")) {
     const json& cal = j.at("calibration");
@@ -417,9 +449,7 @@ DeviceProfile profile_from_json(const std::string& text) {
       const json& e = field<json>(fits, kind, "calibration.fits");
       fit.alpha_s = field<double>(e, "alpha_s", std::string("calibration.fits.") + kind);
       fit.beta_s_per_byte = field<double>(e, "beta_s_per_byte", std::string("calibration.fits.") + kind);
-      for (const auto& pt : e.value("points_bytes_seconds", json::array())) {
-        fit.points.push_back({pt.at(0).get<int64_t>(), pt.at(1).get<double>()});
-      }
+      fit.points = calibration_points_from(e, std::string("calibration.fits.") + kind);
       p.fits.push_back(fit);
     }
   }

@@ -4,6 +4,7 @@
 
 #include "fsdp/common/check.h"
 #include "fsdp/planner/memory.h"
+#include "fsdp/planner/replay_queues.h"
 #include "fsdp/planner/traffic.h"
 #include "fsdp/shard/layout.h"
 
@@ -14,33 +15,29 @@ using S = fsdp::ShardingStrategy;
 using K = fsdp::comm::CollectiveKind;
 const ErrorContext kTimeModelWhere{-1, "", "planner time model"};
 
-// One collective in the replay: seconds on its group's queue, and seconds it takes from the
+// One collective in the replay: seconds it runs on its group's queue at its speed alone, how many
+// times slower it runs beside computing ([Note: processor sharing]), and seconds it takes from the
 // compute thread while it runs ([Note: time-shared cores]).
 struct Op {
   double queue_s = 0.0;
+  double slowdown = 1.0;
   double cpu_s = 0.0;
 };
 
-// One process group's communication thread: ops run one after another in issue order. Where
-// communication shares the compute cores (DeviceProfile::comm_overlaps_compute false, compute
-// fitting the cores), an op also takes its duration from the compute thread: `t` moves past it at
-// issue. Otherwise the compute thread goes on, less the op's cpu_s.
-class Queue {
- public:
-  explicit Queue(bool overlaps) : overlaps_(overlaps) {}
-  // Issues op `o` at compute time t that starts once `ready` has passed (another queue's op it
-  // depends on); returns when it completes.
-  double issue(double& t, const Op& o, double ready = 0.0) {
-    free_at_ = std::max({t, free_at_, ready}) + o.queue_s;
-    t = overlaps_ ? t + o.cpu_s : free_at_;
-    return free_at_;
-  }
-  double free_at() const { return free_at_; }
+// The replay's queues: one per process group; a hybrid replica all-reduce (kReplicate) depends on its
+// reduce-scatter (kShard), on a lower queue.
+enum QueueIndex : int { kShardQueue = 0, kReplicateQueue = 1, kWorldQueue = 2, kNumQueues = 3 };
 
- private:
-  bool overlaps_;
-  double free_at_ = 0.0;
-};
+// Piecewise-linear in x through `pts` (x strictly ascending, at least 2): the first point's y below
+// it, the last segment's slope past the last point.
+double interpolate(const std::vector<std::pair<double, double>>& pts, double x) {
+  if (x <= pts.front().first) return pts.front().second;
+  std::size_t i = 1;
+  while (i + 1 < pts.size() && x > pts[i].first) ++i;
+  const auto& [x0, y0] = pts[i - 1];
+  const auto& [x1, y1] = pts[i];
+  return y0 + (y1 - y0) * (x - x0) / (x1 - x0);
+}
 
 }  // namespace
 
@@ -75,11 +72,23 @@ double collective_time_s(const DeviceProfile& profile, K kind, int64_t logical_b
                          bool crosses_nodes) {
   if (n <= 1) return 0.0;
   const CollectiveLinks& l = profile.links(kind);
+  const auto steps_of = [kind](int64_t ranks) { return static_cast<double>(kind == K::kAllReduce ? 2 * (ranks - 1) : ranks - 1); };
+  // A calibrated node: the measured points, per ring step against the bytes each rank holds of the
+  // result (logical / ranks): at the calibration's world size exactly the measured seconds.
+  const int kind_index = kind == K::kAllGather ? 0 : kind == K::kReduceScatter ? 1 : kind == K::kAllReduce ? 2 : -1;
+  const int64_t nc = profile.calibration_world_size;
+  if (!crosses_nodes && kind_index >= 0 && nc >= 2 && static_cast<int64_t>(profile.fits.size()) == 3 &&
+      profile.fits[kind_index].points.size() >= 2) {
+    std::vector<std::pair<double, double>> per_step;
+    for (const CalibrationPoint& p : profile.fits[kind_index].points) {
+      per_step.emplace_back(static_cast<double>(p.logical_bytes) / static_cast<double>(nc), p.seconds / steps_of(nc));
+    }
+    return steps_of(n) * interpolate(per_step, static_cast<double>(logical_bytes) / static_cast<double>(n));
+  }
   const LinkProfile& link = crosses_nodes ? l.inter_node : l.intra_node;
   const double bw = crosses_nodes ? std::min(l.inter_node.bandwidth_bytes_per_s, l.intra_node.bandwidth_bytes_per_s)
                                   : link.bandwidth_bytes_per_s;
-  const double steps = static_cast<double>(kind == K::kAllReduce ? 2 * (n - 1) : n - 1);
-  return steps * link.alpha_s + ring_wire_bytes(kind, logical_bytes, n) / bw;
+  return steps_of(n) * link.alpha_s + ring_wire_bytes(kind, logical_bytes, n) / bw;
 }
 
 // [Note: step replay] docs/planner.md, "Time model". Times in seconds from the start of the
@@ -105,16 +114,19 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   // A collective in the replay (profile.h CollectiveLinks). Overlapping communication: its time
   // alone on its queue. Shared cores, compute fitting them: time alone x the shared-core factor,
   // on the compute thread's clock. [Note: time-shared cores] Compute oversubscribing the cores:
-  // its time alone on its queue, and time alone x the factor (its share of the cores, measured
-  // beside a pass that does not wait) from the compute thread; where the compute thread needs
-  // its result it waits for it, and every rank waits at once, so nobody's compute fills that time.
+  // its time alone on its queue, run duration_factor times slower while the compute thread
+  // computes ([Note: processor sharing]), and time alone x the shared-core factor (its share of the
+  // cores, measured beside a pass that does not wait) from the compute thread; where the compute
+  // thread needs its result it waits for it, and every rank waits at once, so nobody's compute
+  // fills that time and the collective runs at its speed alone.
   const bool time_shared = profile.compute_oversubscribed;
   const bool overlaps = profile.comm_overlaps_compute || time_shared;
   auto op = [&](K kind, int64_t bytes, int64_t n, bool crosses) {
     const double alone = collective_time_s(profile, kind, bytes, n, crosses);
-    if (alone <= 0 || profile.comm_overlaps_compute) return Op{alone, 0.0};
-    const double f = profile.links(kind).shared_core_factor;
-    return time_shared ? Op{alone, alone * f} : Op{alone * f, 0.0};
+    if (alone <= 0 || profile.comm_overlaps_compute) return Op{alone, 1.0, 0.0};
+    const CollectiveLinks& l = profile.links(kind);
+    return time_shared ? Op{alone, l.duration_factor, alone * l.shared_core_factor}
+                       : Op{alone * l.shared_core_factor, 1.0, 0.0};
   };
   // [Note: engine copies] The engine's own passes over memory on the compute thread, at the
   // profile's copy rate (bytes read + written): an unshard casts the fp32 shard to param_dtype
@@ -162,8 +174,19 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     }
   }
 
-  Queue shard_q(overlaps), rep_q(overlaps), world_q(overlaps);
+  ReplayQueues queues(kNumQueues);
   double t = 0.0, copied_s = 0.0;
+  // Issues `o` on queue `q` (after `dep`): the compute thread goes on, less the op's cpu_s, where
+  // communication overlaps compute or time-shares the cores; else it waits for the op.
+  auto issue = [&](int q, const Op& o, ReplayQueues::OpId dep = {}) {
+    const ReplayQueues::OpId id = queues.issue(q, t, o.queue_s, o.slowdown, dep);
+    if (overlaps) {
+      t += o.cpu_s;
+    } else {
+      t = queues.wait(t, id);
+    }
+    return id;
+  };
   auto copy = [&](double d) {  // an engine copy on the compute thread
     t += d;
     copied_s += d;
@@ -171,11 +194,11 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   for (int64_t mb = 0; mb < setup.accumulation_steps; ++mb) {
     const bool sync = mb + 1 == setup.accumulation_steps;
     const bool gathers = per_phase || sgo || (zero1 && mb == 0);
-    std::vector<double> ready(U, 0.0);
+    std::vector<ReplayQueues::OpId> ready(U);
     std::vector<bool> gathered(U, false), copied(U, false);
     int counted = 0;
     auto gather = [&](int64_t u) {
-      ready[u] = shard_q.issue(t, ag[u]);
+      ready[u] = issue(kShardQueue, ag[u]);
       gathered[u] = true;
       copied[u] = false;
       if (u > 0 && bounded) ++counted;
@@ -183,7 +206,7 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     // A unit's use waits for its all-gather, then copies the gathered buffer out (once per gather).
     auto use = [&](int64_t u) {
       if (!gathered[u]) return;
-      t = std::max(t, ready[u]);
+      t = queues.wait(t, ready[u]);
       if (!copied[u]) copy(unshard_copy[u]);
       copied[u] = true;
     };
@@ -211,21 +234,21 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     // Backward: the head first (the root stays gathered), then blocks in reverse order.
     t += bwd[0];
     int64_t pending = -1;  // the unit whose reduce-scatter is in flight
-    std::vector<double> rs_done(U, 0.0);
+    std::vector<ReplayQueues::OpId> rs_done(U);
     auto finish = [&](int64_t u) {
-      t = std::max(t, rs_done[u]);
+      t = queues.wait(t, rs_done[u]);
       copy(add_copy[u]);
     };
     auto reduce = [&](int64_t u) {
       if (!sync || !trains[u]) return;
       copy(pack_copy[u]);
       if (ddp) {
-        for (const Op& d : buckets[u]) world_q.issue(t, d);
+        for (const Op& d : buckets[u]) issue(kWorldQueue, d);
         return;
       }
-      rs_done[u] = shard_q.issue(t, rs[u]);
+      rs_done[u] = issue(kShardQueue, rs[u]);
       // hybrid's replica all-reduce, issued with it, starts once the reduce-scatter is done
-      if (rep[u].queue_s > 0) rs_done[u] = rep_q.issue(t, rep[u], rs_done[u]);
+      if (rep[u].queue_s > 0) rs_done[u] = issue(kReplicateQueue, rep[u], rs_done[u]);
       if (pending >= 0) finish(pending);
       pending = u;
     };
@@ -240,16 +263,17 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     reduce(0);  // the root's, from the end-of-backward callback
     if (pending >= 0) finish(pending);
     if (ddp && sync) {
-      t = std::max(t, world_q.free_at());
+      t = queues.wait_all(t, kWorldQueue);
       for (int64_t u = 0; u < U; ++u) {
         if (trains[u]) copy(add_copy[u]);  // buckets into the gradients
       }
     }
   }
   // After backward, on the compute thread: the finite check, the grad norm and the update.
-  if (setup.nonfinite_check) t = world_q.issue(t, op(K::kAllReduce, 8 * N, N, world_x));
-  if (setup.clip_grad_norm) t = world_q.issue(t, op(K::kAllReduce, 16, N, world_x));
-  if (setup.loss_scaling) t = world_q.issue(t, op(K::kAllReduce, 8, N, world_x));
+  for (const auto& [on, bytes] : {std::pair{setup.nonfinite_check, 8 * N}, std::pair{setup.clip_grad_norm, int64_t{16}},
+                                  std::pair{setup.loss_scaling, int64_t{8}}}) {
+    if (on) t = queues.wait(t, issue(kWorldQueue, op(K::kAllReduce, bytes, N, world_x)));
+  }
   t += update_s;
 
   StepTime r;

@@ -42,6 +42,15 @@ struct CollectiveLinks {
   /// compute needs the result: [Note: time-shared cores]); 1 where not measured; unused where
   /// communication overlaps compute.
   double shared_core_factor = 1.0;
+  /// Where compute oversubscribes the cores (DeviceProfile::compute_oversubscribed): how many times
+  /// slower a collective of this kind runs on its communication thread while the compute threads
+  /// compute beside it than alone (alone, the ranks' communication threads share the cores among
+  /// themselves; beside compute, with the compute threads too). While the compute thread waits
+  /// for a collective it runs at its speed alone ([Note: processor sharing]). Measured with
+  /// shared_core_factor: the collectives' seconds on their thread beside a training pass over their
+  /// time alone (reduce-scatters and all-gathers about 2-2.5, all-reduces about 3, at N = 4 on 2
+  /// cores). In [1, 1000]; 1 where not measured; unused unless compute oversubscribes the cores.
+  double duration_factor = 1.0;
 };
 
 /// One point of a calibration: a collective of `logical_bytes` took `seconds` (median).
@@ -51,7 +60,10 @@ struct CalibrationPoint {
 };
 
 /// Raw fit of one collective kind at the calibration's world size: t = alpha_s + beta_s_per_byte x
-/// logical bytes (least squares over the points).
+/// logical bytes (least squares over the points). The points themselves (logical bytes strictly
+/// ascending) are what the time model uses within a node (collective_time_s): a machine's
+/// collectives are not one line (Open MPI's reduce-scatter on 4 ranks of 2 cores ran 1.4 GB/s at
+/// 12 MiB and 0.5 GB/s at 16 MiB, where it changes algorithm).
 struct CalibrationFit {
   double alpha_s = 0.0;
   double beta_s_per_byte = 0.0;
