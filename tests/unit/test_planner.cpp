@@ -466,6 +466,33 @@ TEST(PlannerTime, ComputeAndCommunicationLimits) {
     EXPECT_LT(b.step_s, serial.step_s) << fsdp::to_string(s);
     EXPECT_LE(fp::estimate_step_time(m, par(s, 16, 0, 8), st, shared_low).step_s, b.step_s) << fsdp::to_string(s);
   }
+  // Processor sharing ([Note: processor sharing]): with a duration factor d a collective runs d
+  // times slower while the compute thread computes and at its speed alone while it waits. comm_s
+  // (time alone) and the compute thread's own work do not change; the step never shrinks and grows
+  // by at most (d - 1) x the collectives' time alone; a collective that all but stops beside
+  // compute (d = 1000) runs only in the waits, so full_shard's step grows.
+  fp::DeviceProfile longer = shared, stalled = shared;
+  longer.all_gather.duration_factor = longer.reduce_scatter.duration_factor = longer.all_reduce.duration_factor = 3.0;
+  stalled.all_gather.duration_factor = stalled.reduce_scatter.duration_factor = stalled.all_reduce.duration_factor =
+      1000.0;
+  for (S s : {S::kNoShard, S::kZero1, S::kShardGradOp, S::kFullShard}) {
+    const fp::StepTime b = fp::estimate_step_time(m, par(s, 16, 0, 8), st, shared);
+    const fp::StepTime d = fp::estimate_step_time(m, par(s, 16, 0, 8), st, longer);
+    EXPECT_DOUBLE_EQ(d.comm_s, b.comm_s) << fsdp::to_string(s);
+    EXPECT_DOUBLE_EQ(d.compute_s + d.update_s + d.copy_s, b.compute_s + b.update_s + b.copy_s) << fsdp::to_string(s);
+    EXPECT_GE(d.step_s + 1e-12, b.step_s) << fsdp::to_string(s);
+    EXPECT_LE(d.step_s, b.step_s + 2.0 * b.comm_s + 1e-12) << fsdp::to_string(s);
+    EXPECT_GE(fp::estimate_step_time(m, par(s, 16, 0, 8), st, stalled).step_s + 1e-12, d.step_s) << fsdp::to_string(s);
+  }
+  EXPECT_GT(fp::estimate_step_time(m, par(S::kFullShard, 16, 0, 8), st, stalled).step_s,
+            fp::estimate_step_time(m, par(S::kFullShard, 16, 0, 8), st, shared).step_s * 1.01);
+  // The duration factor is unused where compute fits the cores.
+  {
+    fp::DeviceProfile fits_longer = cpu;
+    fits_longer.all_gather.duration_factor = fits_longer.reduce_scatter.duration_factor = 3.0;
+    EXPECT_DOUBLE_EQ(fp::estimate_step_time(m, par(S::kFullShard, 16, 0, 8), st, fits_longer).step_s,
+                     fp::estimate_step_time(m, par(S::kFullShard, 16, 0, 8), st, cpu).step_s);
+  }
   // Overlapping communication ignores the factor.
   fp::DeviceProfile h100_slow = h100;
   h100_slow.all_reduce.shared_core_factor = 10;

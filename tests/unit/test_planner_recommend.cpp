@@ -561,6 +561,80 @@ TEST(PlannerProfile, CalibrationFitGivesBackTheCollectiveTimes) {
   EXPECT_THROW(fp::fit_alpha_beta({{1, 1.0}}), fsdp::Error);
 }
 
+TEST(PlannerProfile, CalibratedPointsAreInterpolatedPerRingStep) {
+  using CK = fsdp::comm::CollectiveKind;
+  // A calibration at N = 4 with three points per kind, not on one line (a faster small-message
+  // regime): within a node the time model follows the points, not the links.
+  fp::DeviceProfile p = fp::builtin_profile("h100");
+  p.calibration_world_size = 4;
+  const std::vector<fp::CalibrationPoint> pts{{4096, 1e-4}, {1 << 20, 1e-3}, {16 << 20, 30e-3}};
+  p.fits.assign(3, fp::CalibrationFit{});
+  for (auto& f : p.fits) f.points = pts;
+  for (CK k : {CK::kAllGather, CK::kReduceScatter, CK::kAllReduce}) {
+    const std::string kind = fsdp::comm::to_string(k);
+    // At the calibration's world size: the measured seconds, linear between them, the first
+    // point's below it and the last segment's slope past the last.
+    EXPECT_DOUBLE_EQ(fp::collective_time_s(p, k, 1 << 20, 4, false), 1e-3) << kind;
+    EXPECT_DOUBLE_EQ(fp::collective_time_s(p, k, 16 << 20, 4, false), 30e-3) << kind;
+    EXPECT_NEAR(fp::collective_time_s(p, k, (17 << 20) / 2, 4, false), 1e-3 + 0.5 * 29e-3, 1e-15) << kind;
+    EXPECT_DOUBLE_EQ(fp::collective_time_s(p, k, 100, 4, false), 1e-4) << kind;
+    EXPECT_NEAR(fp::collective_time_s(p, k, 31 << 20, 4, false), 30e-3 + 29e-3, 1e-15) << kind;
+    // Crossing nodes: the links (one node measured).
+    EXPECT_DOUBLE_EQ(fp::collective_time_s(p, k, 1 << 20, 16, true),
+                     fp::collective_time_s(fp::builtin_profile("h100"), k, 1 << 20, 16, true))
+        << kind;
+  }
+  // Another group size: per ring step against the bytes each rank holds (logical / ranks). At
+  // N = 2 a 512 KiB all-gather holds 256 KiB per rank, as the 1 MiB point at N = 4, whose 3 steps
+  // took 1 ms: one step, 1/3 ms. An all-reduce at N = 8 of 2 MiB: 14 steps of the 1 MiB point's
+  // 6 steps.
+  EXPECT_NEAR(fp::collective_time_s(p, CK::kAllGather, 1 << 19, 2, false), 1e-3 / 3, 1e-15);
+  EXPECT_NEAR(fp::collective_time_s(p, CK::kAllReduce, 2 << 20, 8, false), 14 * 1e-3 / 6, 1e-15);
+  // The points round-trip through the file; a bad point names its field.
+  const nlohmann::json j = nlohmann::json::parse(fp::profile_to_json(p));
+  EXPECT_DOUBLE_EQ(fp::collective_time_s(fp::profile_from_json(j.dump()), CK::kReduceScatter, 3 << 20, 4, false),
+                   fp::collective_time_s(p, CK::kReduceScatter, 3 << 20, 4, false));
+  for (const nlohmann::json& bad : {nlohmann::json::parse("[[4096, 1e-4], [4096, 2e-4]]"),
+                                    nlohmann::json::parse("[[4096, -1]]"), nlohmann::json::parse("[[4096.5, 1]]"),
+                                    nlohmann::json::parse("{}")}) {
+    nlohmann::json b = j;
+    b["calibration"]["fits"]["reduce_scatter"]["points_bytes_seconds"] = bad;
+    try {
+      fp::profile_from_json(b.dump());
+      ADD_FAILURE() << bad.dump() << " accepted";
+    } catch (const fsdp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("profile: calibration.fits.reduce_scatter.points_bytes_seconds"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST(PlannerProfile, DurationFactorRoundTripsAndIsChecked) {
+  fp::DeviceProfile p = fp::builtin_profile("a100");
+  p.comm_overlaps_compute = false;
+  p.compute_oversubscribed = true;
+  p.reduce_scatter.duration_factor = 2.5;
+  const nlohmann::json j = nlohmann::json::parse(fp::profile_to_json(p));
+  EXPECT_DOUBLE_EQ(fp::profile_from_json(j.dump()).reduce_scatter.duration_factor, 2.5);
+  EXPECT_DOUBLE_EQ(fp::profile_from_json(j.dump()).all_gather.duration_factor, 1.0);
+  nlohmann::json old = j;  // written before it was measured: 1
+  old["collectives"]["reduce_scatter"].erase("duration_factor");
+  EXPECT_DOUBLE_EQ(fp::profile_from_json(old.dump()).reduce_scatter.duration_factor, 1.0);
+  for (double bad : {0.5, 1001.0}) {
+    nlohmann::json b = j;
+    b["collectives"]["reduce_scatter"]["duration_factor"] = bad;
+    try {
+      fp::profile_from_json(b.dump());
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const fsdp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("profile: collectives.reduce_scatter.duration_factor must be in [1, 1000]"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(PlannerUnits, ParseAndFormatBytes) {
   EXPECT_EQ(fp::parse_bytes("80GB"), 80'000'000'000);
   EXPECT_EQ(fp::parse_bytes("80GiB"), 80LL << 30);

@@ -28,7 +28,12 @@ double step_flops(const ModelSpec& model, const StepSetup& setup);
 /// Modeled seconds of one collective of `logical_bytes` over n ranks: (n-1) alpha + ring wire
 /// bytes / bandwidth for all-gather and reduce-scatter, 2(n-1) alpha + 2(n-1)/n bytes / bandwidth
 /// for all-reduce; the inter-node link when the group crosses nodes (every ring step then waits for
-/// its slowest hop); 0 for n = 1.
+/// its slowest hop); 0 for n = 1. A calibrated profile (calibration_world_size >= 2, points in
+/// every kind's fit) within a node: its measured points per ring step, linear in the bytes each rank
+/// holds of the result (logical_bytes / n) between them, the first point's seconds below them, the
+/// last segment's slope past them, times the group's ring steps: the measured seconds at the
+/// calibration's world size and sizes. Throws fsdp::Error (kInvalidArgument) where the profile
+/// has no collectives.
 double collective_time_s(const DeviceProfile& profile, fsdp::comm::CollectiveKind kind, int64_t logical_bytes,
                          int64_t n, bool crosses_nodes);
 
@@ -61,9 +66,10 @@ struct StepTime {
 /// communication shares the compute cores (comm_overlaps_compute false) every collective also
 /// takes its time from the compute thread, times its kind's shared_core_factor: nothing hides.
 /// Where the compute threads oversubscribe the cores (compute_oversubscribed) each collective runs
-/// on its queue for its time alone and takes time alone x shared_core_factor (its share of the
-/// cores) from the compute thread, which waits where it needs the result (docs/planner.md,
-/// "Compute that oversubscribes the cores").
+/// on its queue for its time alone, duration_factor times slower while the compute thread computes
+/// and at its speed alone while it waits (replay_queues.h), and takes time alone x
+/// shared_core_factor (its share of the cores) from the compute thread, which waits where it needs
+/// the result (docs/planner.md, "Compute that oversubscribes the cores").
 /// Throws fsdp::Error (kInvalidArgument) for a bad parallelism or setup, or a profile with no rate.
 StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, const StepSetup& setup,
                             const DeviceProfile& profile);
