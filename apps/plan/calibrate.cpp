@@ -291,7 +291,8 @@ double model_rate(TrainingPass& pass, fsdp::comm::ProcessGroup& g) {
 // shares the compute cores. Each rank's communication thread runs `count` collectives of `kind`
 // (fp32, each the size of the model's largest reduce-scatter at this world size, within 4 to 64 MiB:
 // a collective's speed and its cost to compute change with its size, and the model's messages are
-// what a step sends; over a pool of up to 16 buffer pairs used in turn) beside a training pass
+// what a step sends; over a pool of up to 16 buffer pairs, at most ~256 MiB, used in turn) beside a
+// training pass
 // as the engine's run: all-gathers issued at the start of its forward, reduce-scatters and
 // all-reduces at the start of its backward; all ranks at once. The wall time until both the pass
 // and the collectives are done, minus the pass alone, is what the collectives added; over their
@@ -318,7 +319,9 @@ BesideCompute beside_compute(WorkTimer& timer, CollectiveKind kind, int64_t logi
   const bool in_backward = kind != CollectiveKind::kAllGather;
   const double window_s = in_backward ? pass_s * 2.0 / 3.0 : pass_s;
   const int count = static_cast<int>(std::clamp(0.5 * window_s / std::max(op_alone_s, 1e-9), 2.0, 4096.0));
-  const int pool = std::min(16, count);
+  // Up to 16 buffer pairs, at most ~256 MiB of them (the collectives run one after another on the
+  // communication thread, so a pair may serve several).
+  const int pool = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / (4 * elems), 1, std::min(16, count)));
   std::vector<at::Tensor> big, small;
   for (int i = 0; i < pool; ++i) {
     big.push_back(at::zeros({elems}, at::kFloat));
@@ -495,8 +498,14 @@ std::vector<int64_t> collective_sizes(const fp::ModelSpec& m, const fp::StepSetu
     messages.push_back(rb * un.reduce_numel);
     for (int64_t b : fp::ddp_bucket_numels(u, step.bucket_cap_bytes, rb)) messages.push_back(rb * b);
   }
-  for (int64_t b : messages) {
-    if (b < (4 << 10) || b > kMaxCollectiveBytes) continue;
+  // As timed: whole fp32 elements, a multiple of n of them (time_collective).
+  const auto timed = [n](int64_t b) { return std::max<int64_t>(n, b / 4 / n * n) * 4; };
+  for (int64_t& x : sizes) x = timed(x);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  for (int64_t m : messages) {
+    if (m < (4 << 10) || m > kMaxCollectiveBytes) continue;
+    const int64_t b = timed(m);
     const bool near = std::any_of(sizes.begin(), sizes.end(), [b](int64_t x) {
       return std::abs(static_cast<double>(b - x)) <= 0.05 * static_cast<double>(x);
     });

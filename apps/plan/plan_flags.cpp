@@ -145,7 +145,8 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
   app.add_flag("--json", f.json, "Print the plan as JSON (for scripts) instead of tables")->group("Output");
 
   app.add_flag("--calibrate", f.calibrate,
-               "Measure this machine under mpirun -n N: collective latency and bandwidth over the MPI group, "
+               "Measure this machine under mpirun -n N: collective times over the MPI group (at the model's own "
+               "message sizes too) and their cost beside compute, "
                "matmul FLOP rates of the model's shapes, a training forward + backward of the model, the "
                "step update per tensor size; writes --out")
       ->group("Calibration");

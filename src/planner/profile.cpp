@@ -103,6 +103,13 @@ std::string path_of(const std::string& where, const char* key) {
   return where.empty() ? std::string(key) : where + "." + key;
 }
 
+// A JSON value as an error shows it: its text, cut to 60 characters.
+std::string shortened(const json& v) {
+  std::string text = v.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
+
 // `where`: the path of the object holding `key` ("" for the file's top level).
 template <typename T>
 T field(const json& j, const char* key, const std::string& where) {
@@ -127,10 +134,8 @@ T field(const json& j, const char* key, const std::string& where) {
                            : std::is_same_v<T, std::string>               ? "a string"
                            : std::is_same_v<T, std::vector<std::string>>  ? "an array of strings"
                                                                           : "a JSON value of another type";
-    std::string got = j.at(key).dump();
-    if (got.size() > 60) got = got.substr(0, 57) + "...";
     throw Error(ErrorKind::kCorruptData, kProfileWhere,
-                str_cat("profile: ", path_of(where, key), " must be ", expected, ", got ", got));
+                str_cat("profile: ", path_of(where, key), " must be ", expected, ", got ", shortened(j.at(key))));
   }
 }
 
@@ -174,13 +179,13 @@ std::vector<UpdatePoint> update_points_from(const json& c, const char* key) {
   std::vector<UpdatePoint> out;
   for (const json& pt : a) {
     FSDP_CHECK(pt.is_array() && pt.size() == 2 && pt.at(0).is_number_integer() && pt.at(1).is_number(),
-               ErrorKind::kCorruptData, kProfileWhere, "profile: ", where, ": every point is [numel, seconds], got ", pt.dump());
+               ErrorKind::kCorruptData, kProfileWhere, "profile: ", where, ": every point is [numel, seconds], got ", shortened(pt));
     const UpdatePoint u{pt.at(0).get<int64_t>(), pt.at(1).get<double>()};
     FSDP_CHECK(u.numel > 0 && u.numel <= kMaxNumel && u.seconds >= 0 && u.seconds <= kMaxSeconds &&
                    (out.empty() || u.numel > out.back().numel),
                ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
                ": numel must be in [1, 2^50] and strictly ascending, seconds in [0, ", kMaxSeconds, "]; got ",
-               pt.dump());
+               shortened(pt));
     out.push_back(u);
   }
   return out;
@@ -188,7 +193,7 @@ std::vector<UpdatePoint> update_points_from(const json& c, const char* key) {
 
 // calibration.fits.<kind>.points_bytes_seconds: [[logical bytes, seconds], ...], bytes in
 // [1, 2^60] strictly ascending, seconds in [0, kMaxSeconds]; absent or empty: no points (the
-// time model then uses the links).
+// time model then uses the links); else at least 2 (a line needs two).
 std::vector<CalibrationPoint> calibration_points_from(const json& e, const std::string& where) {
   if (!e.contains("points_bytes_seconds")) return {};
   const json& a = e.at("points_bytes_seconds");
@@ -198,15 +203,17 @@ std::vector<CalibrationPoint> calibration_points_from(const json& e, const std::
   for (const json& pt : a) {
     FSDP_CHECK(pt.is_array() && pt.size() == 2 && pt.at(0).is_number_integer() && pt.at(1).is_number(),
                ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
-               ".points_bytes_seconds: every point is [bytes, seconds], got ", pt.dump());
+               ".points_bytes_seconds: every point is [bytes, seconds], got ", shortened(pt));
     const CalibrationPoint c{pt.at(0).get<int64_t>(), pt.at(1).get<double>()};
     FSDP_CHECK(c.logical_bytes > 0 && c.logical_bytes <= kMaxBytes && c.seconds >= 0 && c.seconds <= kMaxSeconds &&
                    (out.empty() || c.logical_bytes > out.back().logical_bytes),
                ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
                ".points_bytes_seconds: bytes must be in [1, 2^60] and strictly ascending, seconds in [0, ", kMaxSeconds,
-               "]; got ", pt.dump());
+               "]; got ", shortened(pt));
     out.push_back(c);
   }
+  FSDP_CHECK(out.size() != 1, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
+             ".points_bytes_seconds must hold no point or at least 2, got 1");
   return out;
 }
 
@@ -259,6 +266,11 @@ double DeviceProfile::flops_per_s(Precision p) const {
   if (p == Precision::kBf16) r = matmul_flops_per_s_bf16;
   if (p == Precision::kFp16) r = matmul_flops_per_s_fp16;
   return r * compute_efficiency;
+}
+
+bool DeviceProfile::has_measured_points() const {
+  return has_collectives && calibration_world_size >= 2 && fits.size() == 3 &&
+         std::all_of(fits.begin(), fits.end(), [](const CalibrationFit& f) { return f.points.size() >= 2; });
 }
 
 const CollectiveLinks& DeviceProfile::links(K kind) const {
@@ -427,8 +439,8 @@ DeviceProfile profile_from_json(const std::string& text) {
   if (j.contains("calibration")) {
     const json& cal = j.at("calibration");
     p.calibration_world_size = field<int64_t>(cal, "world_size", "calibration");
-    FSDP_CHECK(p.calibration_world_size >= 1, ErrorKind::kCorruptData, kProfileWhere,
-               "profile: calibration.world_size must be >= 1, got ", p.calibration_world_size);
+    FSDP_CHECK(p.calibration_world_size >= 1 && p.calibration_world_size <= (int64_t{1} << 20), ErrorKind::kCorruptData,
+               kProfileWhere, "profile: calibration.world_size must be in [1, 2^20], got ", p.calibration_world_size);
     // Absent in profiles written before the calibrated setup was recorded.
     if (cal.contains("model")) {
       p.calibration_model = field<std::string>(cal, "model", "calibration");

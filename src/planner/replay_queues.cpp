@@ -25,8 +25,8 @@ void ReplayQueues::check_time(double t_s) const {
 ReplayQueues::OpId ReplayQueues::issue(int queue, double t_s, double work_s, double slowdown, OpId after) {
   FSDP_CHECK(queue >= 0 && queue < static_cast<int>(queues_.size()), ErrorKind::kInvalidArgument, kReplayWhere,
              expected_actual("queue", "in [0, " + std::to_string(queues_.size()) + ")", queue));
-  FSDP_CHECK(work_s >= 0 && slowdown >= 1.0, ErrorKind::kInvalidArgument, kReplayWhere,
-             "a collective needs work_s >= 0 and slowdown >= 1, got ", work_s, " and ", slowdown);
+  FSDP_CHECK(work_s >= 0 && work_s < kNever && slowdown >= 1.0 && slowdown < kNever, ErrorKind::kInvalidArgument,
+             kReplayWhere, "a collective needs a finite work_s >= 0 and slowdown >= 1, got ", work_s, " and ", slowdown);
   FSDP_CHECK(after.queue < queue && (after.queue < 0 || (after.index >= 0 &&
                                                          after.index < static_cast<int>(queues_[after.queue].ops.size()))),
              ErrorKind::kInvalidArgument, kReplayWhere, "a collective on queue ", queue,

@@ -28,12 +28,14 @@ struct Op {
 // reduce-scatter (kShard), on a lower queue.
 enum QueueIndex : int { kShardQueue = 0, kReplicateQueue = 1, kWorldQueue = 2, kNumQueues = 3 };
 
-// Piecewise-linear in x through `pts` (x strictly ascending, at least 2): the first point's y below
-// it, the last segment's slope past the last point.
+// Piecewise-linear in x through `pts` (x > 0 strictly ascending, y >= 0 non-decreasing, at least
+// 2): the first point's y below it; past the last point, the last point's y per x times x (its
+// rate), so the result is never below a smaller x's.
 double interpolate(const std::vector<std::pair<double, double>>& pts, double x) {
   if (x <= pts.front().first) return pts.front().second;
+  if (x >= pts.back().first) return pts.back().second * x / pts.back().first;
   std::size_t i = 1;
-  while (i + 1 < pts.size() && x > pts[i].first) ++i;
+  while (x > pts[i].first) ++i;
   const auto& [x0, y0] = pts[i - 1];
   const auto& [x1, y1] = pts[i];
   return y0 + (y1 - y0) * (x - x0) / (x1 - x0);
@@ -73,15 +75,18 @@ double collective_time_s(const DeviceProfile& profile, K kind, int64_t logical_b
   if (n <= 1) return 0.0;
   const CollectiveLinks& l = profile.links(kind);
   const auto steps_of = [kind](int64_t ranks) { return static_cast<double>(kind == K::kAllReduce ? 2 * (ranks - 1) : ranks - 1); };
-  // A calibrated node: the measured points, per ring step against the bytes each rank holds of the
-  // result (logical / ranks): at the calibration's world size exactly the measured seconds.
+  // A calibrated node: the measured points, per ring step against the ring's chunk (logical bytes /
+  // ranks), their seconds made non-decreasing in bytes (the running maximum: a larger message takes
+  // no less time, while measured medians can dip by a few percent); at the calibration's world
+  // size the measured seconds wherever they rise.
   const int kind_index = kind == K::kAllGather ? 0 : kind == K::kReduceScatter ? 1 : kind == K::kAllReduce ? 2 : -1;
   const int64_t nc = profile.calibration_world_size;
-  if (!crosses_nodes && kind_index >= 0 && nc >= 2 && static_cast<int64_t>(profile.fits.size()) == 3 &&
-      profile.fits[kind_index].points.size() >= 2) {
+  if (!crosses_nodes && kind_index >= 0 && profile.has_measured_points()) {
     std::vector<std::pair<double, double>> per_step;
+    double most_s = 0.0;
     for (const CalibrationPoint& p : profile.fits[kind_index].points) {
-      per_step.emplace_back(static_cast<double>(p.logical_bytes) / static_cast<double>(nc), p.seconds / steps_of(nc));
+      most_s = std::max(most_s, p.seconds);
+      per_step.emplace_back(static_cast<double>(p.logical_bytes) / static_cast<double>(nc), most_s / steps_of(nc));
     }
     return steps_of(n) * interpolate(per_step, static_cast<double>(logical_bytes) / static_cast<double>(n));
   }

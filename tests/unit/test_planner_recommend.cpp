@@ -573,12 +573,12 @@ TEST(PlannerProfile, CalibratedPointsAreInterpolatedPerRingStep) {
   for (CK k : {CK::kAllGather, CK::kReduceScatter, CK::kAllReduce}) {
     const std::string kind = fsdp::comm::to_string(k);
     // At the calibration's world size: the measured seconds, linear between them, the first
-    // point's below it and the last segment's slope past the last.
+    // point's below it and the largest point's rate past it.
     EXPECT_DOUBLE_EQ(fp::collective_time_s(p, k, 1 << 20, 4, false), 1e-3) << kind;
     EXPECT_DOUBLE_EQ(fp::collective_time_s(p, k, 16 << 20, 4, false), 30e-3) << kind;
     EXPECT_NEAR(fp::collective_time_s(p, k, (17 << 20) / 2, 4, false), 1e-3 + 0.5 * 29e-3, 1e-15) << kind;
     EXPECT_DOUBLE_EQ(fp::collective_time_s(p, k, 100, 4, false), 1e-4) << kind;
-    EXPECT_NEAR(fp::collective_time_s(p, k, 31 << 20, 4, false), 30e-3 + 29e-3, 1e-15) << kind;
+    EXPECT_NEAR(fp::collective_time_s(p, k, 32 << 20, 4, false), 60e-3, 1e-15) << kind;
     // Crossing nodes: the links (one node measured).
     EXPECT_DOUBLE_EQ(fp::collective_time_s(p, k, 1 << 20, 16, true),
                      fp::collective_time_s(fp::builtin_profile("h100"), k, 1 << 20, 16, true))
@@ -590,13 +590,28 @@ TEST(PlannerProfile, CalibratedPointsAreInterpolatedPerRingStep) {
   // 6 steps.
   EXPECT_NEAR(fp::collective_time_s(p, CK::kAllGather, 1 << 19, 2, false), 1e-3 / 3, 1e-15);
   EXPECT_NEAR(fp::collective_time_s(p, CK::kAllReduce, 2 << 20, 8, false), 14 * 1e-3 / 6, 1e-15);
+  // Seconds that fall with size (a noisy median) count as the running maximum: never cheaper than a
+  // smaller message, never negative past the last point.
+  {
+    fp::DeviceProfile dip = p;
+    dip.fits[1].points = {{4096, 1e-3}, {8192, 1e-2}, {16384, 1e-4}};
+    EXPECT_DOUBLE_EQ(fp::collective_time_s(dip, CK::kReduceScatter, 16384, 4, false), 1e-2);
+    EXPECT_NEAR(fp::collective_time_s(dip, CK::kReduceScatter, 12288, 4, false), 1e-2, 1e-15);
+    EXPECT_NEAR(fp::collective_time_s(dip, CK::kReduceScatter, 1 << 20, 4, false), 1e-2 * 64, 1e-12);
+    // A kind without points: every kind uses the links.
+    dip.fits[0].points.clear();
+    EXPECT_FALSE(dip.has_measured_points());
+    EXPECT_DOUBLE_EQ(fp::collective_time_s(dip, CK::kReduceScatter, 1 << 20, 4, false),
+                     fp::collective_time_s(fp::builtin_profile("h100"), CK::kReduceScatter, 1 << 20, 4, false));
+  }
   // The points round-trip through the file; a bad point names its field.
   const nlohmann::json j = nlohmann::json::parse(fp::profile_to_json(p));
   EXPECT_DOUBLE_EQ(fp::collective_time_s(fp::profile_from_json(j.dump()), CK::kReduceScatter, 3 << 20, 4, false),
                    fp::collective_time_s(p, CK::kReduceScatter, 3 << 20, 4, false));
   for (const nlohmann::json& bad : {nlohmann::json::parse("[[4096, 1e-4], [4096, 2e-4]]"),
-                                    nlohmann::json::parse("[[4096, -1]]"), nlohmann::json::parse("[[4096.5, 1]]"),
-                                    nlohmann::json::parse("{}")}) {
+                                    nlohmann::json::parse("[[4096, -1], [8192, 1]]"),
+                                    nlohmann::json::parse("[[4096.5, 1], [8192, 1]]"), nlohmann::json::parse("{}"),
+                                    nlohmann::json::parse("[[4096, 1e-3]]")}) {
     nlohmann::json b = j;
     b["calibration"]["fits"]["reduce_scatter"]["points_bytes_seconds"] = bad;
     try {
@@ -605,6 +620,30 @@ TEST(PlannerProfile, CalibratedPointsAreInterpolatedPerRingStep) {
     } catch (const fsdp::Error& e) {
       EXPECT_NE(std::string(e.what()).find("profile: calibration.fits.reduce_scatter.points_bytes_seconds"),
                 std::string::npos)
+          << e.what();
+      EXPECT_LT(std::string(e.what()).size(), 400u) << e.what();
+    }
+  }
+  // A huge point is shown cut short.
+  {
+    nlohmann::json b = j;
+    b["calibration"]["fits"]["reduce_scatter"]["points_bytes_seconds"] = {std::vector<int>(100000, 1)};
+    try {
+      fp::profile_from_json(b.dump());
+      ADD_FAILURE() << "accepted";
+    } catch (const fsdp::Error& e) {
+      EXPECT_LT(std::string(e.what()).size(), 400u);
+    }
+  }
+  // The calibration's world size is bounded (the ring's step count stays exact).
+  {
+    nlohmann::json b = j;
+    b["calibration"]["world_size"] = (int64_t{1} << 20) + 1;
+    try {
+      fp::profile_from_json(b.dump());
+      ADD_FAILURE() << "accepted";
+    } catch (const fsdp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("profile: calibration.world_size must be in [1, 2^20]"), std::string::npos)
           << e.what();
     }
   }

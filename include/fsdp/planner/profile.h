@@ -48,7 +48,7 @@ struct CollectiveLinks {
   /// themselves; beside compute, with the compute threads too). While the compute thread waits
   /// for a collective it runs at its speed alone ([Note: processor sharing]). Measured with
   /// shared_core_factor: the collectives' seconds on their thread beside a training pass over their
-  /// time alone (reduce-scatters and all-gathers about 2-2.5, all-reduces about 3, at N = 4 on 2
+  /// time alone (reduce-scatters 2.1-3.8, all-gathers 1.4-3.4, all-reduces 1.9-2.7 at N = 4 on 2
   /// cores). In [1, 1000]; 1 where not measured; unused unless compute oversubscribes the cores.
   double duration_factor = 1.0;
 };
@@ -61,7 +61,8 @@ struct CalibrationPoint {
 
 /// Raw fit of one collective kind at the calibration's world size: t = alpha_s + beta_s_per_byte x
 /// logical bytes (least squares over the points). The points themselves (logical bytes strictly
-/// ascending) are what the time model uses within a node (collective_time_s): a machine's
+/// ascending; none, or at least 2) are what the time model uses within a node (collective_time_s,
+/// DeviceProfile::has_measured_points): a machine's
 /// collectives are not one line (Open MPI's reduce-scatter on 4 ranks of 2 cores ran 1.4 GB/s at
 /// 12 MiB and 0.5 GB/s at 16 MiB, where it changes algorithm).
 struct CalibrationFit {
@@ -158,6 +159,10 @@ struct DeviceProfile {
   /// point's seconds below it (the fixed cost of a tensor), the largest point's seconds per
   /// element above it; without: numel x step_update_s_per_elem(o). 0 for numel <= 0.
   double step_update_tensor_s(OptimizerKind o, int64_t numel) const;
+  /// Whether the time model prices collectives within a node from the calibration's points
+  /// (time_model.h collective_time_s): calibration_world_size >= 2 and at least 2 points in each of
+  /// the three fits.
+  bool has_measured_points() const;
   /// The links of a collective kind (all-to-all and broadcast use all_reduce's). Throws
   /// fsdp::Error (kInvalidArgument) when the profile has no collective figures (has_collectives).
   const CollectiveLinks& links(fsdp::comm::CollectiveKind kind) const;

@@ -33,8 +33,8 @@ class ReplayQueues {
   /// Issues on `queue` at compute time `t_s` a collective of `work_s` seconds alone that runs
   /// `slowdown` (>= 1) times slower while the compute thread computes; it starts only after `after`
   /// is done (none by default; it must be on a queue of a lower index). Does not block the compute
-  /// thread. Throws fsdp::Error (kInvalidArgument) for a bad queue, a negative work_s, a slowdown
-  /// below 1, a dependency on the same or a higher queue, or t_s before an earlier call's time.
+  /// thread. Throws fsdp::Error (kInvalidArgument) for a bad queue, a work_s negative or not
+  /// finite, a slowdown below 1 or not finite, a dependency on the same or a higher queue, or t_s before an earlier call's time.
   OpId issue(int queue, double t_s, double work_s, double slowdown, OpId after = {});
   /// The compute thread, computing until `t_s`, waits there for `op`: returns the time it is done
   /// (>= t_s). Throws fsdp::Error (kInvalidArgument) for an op never issued or t_s before an

@@ -28,11 +28,12 @@ double step_flops(const ModelSpec& model, const StepSetup& setup);
 /// Modeled seconds of one collective of `logical_bytes` over n ranks: (n-1) alpha + ring wire
 /// bytes / bandwidth for all-gather and reduce-scatter, 2(n-1) alpha + 2(n-1)/n bytes / bandwidth
 /// for all-reduce; the inter-node link when the group crosses nodes (every ring step then waits for
-/// its slowest hop); 0 for n = 1. A calibrated profile (calibration_world_size >= 2, points in
-/// every kind's fit) within a node: its measured points per ring step, linear in the bytes each rank
-/// holds of the result (logical_bytes / n) between them, the first point's seconds below them, the
-/// last segment's slope past them, times the group's ring steps: the measured seconds at the
-/// calibration's world size and sizes. Throws fsdp::Error (kInvalidArgument) where the profile
+/// its slowest hop); 0 for n = 1. A calibrated profile within a node
+/// (DeviceProfile::has_measured_points): its measured points per ring step, their seconds made
+/// non-decreasing in bytes (running maximum), linear in the ring's chunk (logical_bytes / n)
+/// between them, the first point's seconds below them, the largest point's seconds per byte past
+/// them, times the group's ring steps: the measured seconds at the calibration's world size and
+/// sizes where they rise. Throws fsdp::Error (kInvalidArgument) where the profile
 /// has no collectives.
 double collective_time_s(const DeviceProfile& profile, fsdp::comm::CollectiveKind kind, int64_t logical_bytes,
                          int64_t n, bool crosses_nodes);
@@ -42,7 +43,10 @@ struct StepTime {
   double flops = 0.0;           ///< per rank per step
   double compute_s = 0.0;       ///< flops / profile rate for the precision
   double update_s = 0.0;        ///< the step update: sum over this rank's trainable shards of step_update_tensor_s
-  double comm_s = 0.0;          ///< sum of the modeled durations of every collective (shared-core factor included)
+  double comm_s = 0.0;          ///< sum of every collective's modeled time alone (x shared_core_factor where
+                                ///< communication shares the cores and compute fits them; neither factor where
+                                ///< compute oversubscribes them: then exposed_comm_s, which counts the
+                                ///< slowdown and the compute thread's share, can exceed it)
   double copy_s = 0.0;          ///< the engine's copies on the compute thread ([Note: engine copies])
   double exposed_comm_s = 0.0;  ///< step_s - compute_s - update_s - copy_s: communication compute did not hide
   double step_s = 0.0;
