@@ -277,7 +277,9 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   // After backward, on the compute thread: the finite check, the grad norm and the update.
   for (const auto& [on, bytes] : {std::pair{setup.nonfinite_check, 8 * N}, std::pair{setup.clip_grad_norm, int64_t{16}},
                                   std::pair{setup.loss_scaling, int64_t{8}}}) {
-    if (on) t = queues.wait(t, issue(kWorldQueue, op(K::kAllReduce, bytes, N, world_x)));
+    if (!on) continue;
+    const ReplayQueues::OpId id = issue(kWorldQueue, op(K::kAllReduce, bytes, N, world_x));  // moves t
+    t = queues.wait(t, id);
   }
   t += update_s;
 
