@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "fsdp/common/check.h"
+#include "fsdp/planner/traffic.h"
 
 namespace fsdp::planner {
 namespace {
@@ -507,7 +508,7 @@ CalibrationFit fit_alpha_beta(const std::vector<CalibrationPoint>& points) {
 
 LinkProfile link_from_fit(K kind, const CalibrationFit& fit, int64_t n) {
   FSDP_CHECK(n >= 2, ErrorKind::kInvalidArgument, kProfileWhere, expected_actual("calibration world size", ">= 2", n));
-  const double steps = static_cast<double>(kind == K::kAllReduce ? 2 * (n - 1) : n - 1);
+  const double steps = ring_steps(kind, n);
   const double share = steps / static_cast<double>(n);  // wire bytes per logical byte
   LinkProfile l;
   l.alpha_s = fit.alpha_s / steps;

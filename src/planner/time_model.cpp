@@ -74,7 +74,6 @@ double collective_time_s(const DeviceProfile& profile, K kind, int64_t logical_b
                          bool crosses_nodes) {
   if (n <= 1) return 0.0;
   const CollectiveLinks& l = profile.links(kind);
-  const auto steps_of = [kind](int64_t ranks) { return static_cast<double>(kind == K::kAllReduce ? 2 * (ranks - 1) : ranks - 1); };
   // A calibrated node: the measured points, per ring step against the ring's chunk (logical bytes /
   // ranks), their seconds made non-decreasing in bytes (the running maximum: a larger message takes
   // no less time, while measured medians can dip by a few percent); at the calibration's world
@@ -86,14 +85,14 @@ double collective_time_s(const DeviceProfile& profile, K kind, int64_t logical_b
     double most_s = 0.0;
     for (const CalibrationPoint& p : profile.fits[kind_index].points) {
       most_s = std::max(most_s, p.seconds);
-      per_step.emplace_back(static_cast<double>(p.logical_bytes) / static_cast<double>(nc), most_s / steps_of(nc));
+      per_step.emplace_back(static_cast<double>(p.logical_bytes) / static_cast<double>(nc), most_s / ring_steps(kind, nc));
     }
-    return steps_of(n) * interpolate(per_step, static_cast<double>(logical_bytes) / static_cast<double>(n));
+    return ring_steps(kind, n) * interpolate(per_step, static_cast<double>(logical_bytes) / static_cast<double>(n));
   }
   const LinkProfile& link = crosses_nodes ? l.inter_node : l.intra_node;
   const double bw = crosses_nodes ? std::min(l.inter_node.bandwidth_bytes_per_s, l.intra_node.bandwidth_bytes_per_s)
                                   : link.bandwidth_bytes_per_s;
-  return steps_of(n) * link.alpha_s + ring_wire_bytes(kind, logical_bytes, n) / bw;
+  return ring_steps(kind, n) * link.alpha_s + ring_wire_bytes(kind, logical_bytes, n) / bw;
 }
 
 // [Note: step replay] docs/planner.md, "Time model". Times in seconds from the start of the

@@ -19,6 +19,11 @@ const char* to_string(GroupKind g) {
   return "?";
 }
 
+double ring_steps(K kind, int64_t n) {
+  if (n <= 1) return 0.0;
+  return static_cast<double>(kind == K::kAllReduce ? 2 * (n - 1) : n - 1);
+}
+
 double ring_wire_bytes(K kind, int64_t logical_bytes, int64_t n) {
   if (n <= 1) return 0.0;
   const double f = static_cast<double>(n - 1) / static_cast<double>(n);

@@ -72,6 +72,10 @@ bool group_crosses_nodes(const Parallelism& par, GroupKind group);
 /// Throws fsdp::Error (kInvalidArgument) for a bad parallelism or setup.
 StepTraffic step_traffic(const ModelSpec& model, const Parallelism& par, const StepSetup& setup);
 
+/// Steps of a ring collective over n ranks: n - 1 for an all-gather or reduce-scatter, 2(n - 1) for
+/// an all-reduce (a reduce-scatter, then an all-gather); 0 for n <= 1.
+double ring_steps(fsdp::comm::CollectiveKind kind, int64_t n);
+
 /// Bytes a ring moves through one rank for `logical_bytes` of a collective over n ranks.
 double ring_wire_bytes(fsdp::comm::CollectiveKind kind, int64_t logical_bytes, int64_t n);
 
