@@ -138,7 +138,7 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
       ->check(CLI::Range(0.0, 0.99))->group("Machine");
   app.add_option("--compute-efficiency", f.compute_efficiency,
                  "Fraction of the profile's matmul rates a step reaches (default: the profile's, 1 for datasheets)")
-      ->check(CLI::Range(0.01, 1.0))->group("Machine");
+      ->check(CLI::Range(fp::kMinComputeEfficiency, 1.0))->group("Machine");
   app.add_option("--rank", f.rank, "Whose bytes to report (rank 0 holds the most real rows)")
       ->check(non_negative)->group("Machine");
 

@@ -140,28 +140,47 @@ T field(const json& j, const char* key, const std::string& where) {
   }
 }
 
+// The keys an object of the file may hold: any other is a typo or a field of another program, and
+// is rejected by name (ignoring it would plan with the default it was meant to replace).
+void only_known_keys(const json& j, const std::string& where, std::initializer_list<const char*> known) {
+  if (!j.is_object()) return;  // the field's own check names the wrong type
+  for (const auto& item : j.items()) {
+    const bool ok = std::any_of(known.begin(), known.end(), [&](const char* k) { return item.key() == k; });
+    if (ok) continue;
+    std::string names;
+    for (const char* k : known) names += (names.empty() ? "" : ", ") + std::string(k);
+    throw Error(ErrorKind::kCorruptData, kProfileWhere,
+                str_cat("profile: ", where.empty() ? "the file" : where, " has an unknown field ",
+                        shortened(json(item.key())), " (known: ", names, ")"));
+  }
+}
+
+// A number in [lo, hi]; one range per field, the same words for every value outside it.
+double in_range(const json& j, const char* key, const std::string& where, double lo, double hi) {
+  const double v = field<double>(j, key, where);
+  FSDP_CHECK(v >= lo && v <= hi, ErrorKind::kCorruptData, kProfileWhere, "profile: ", path_of(where, key),
+             " must be in [", lo, ", ", hi, "], got ", v);
+  return v;
+}
+
 // A number in [0, hi].
 double non_negative(const json& j, const char* key, const std::string& where, double hi) {
-  const double v = field<double>(j, key, where);
-  FSDP_CHECK(v >= 0.0 && v <= hi, ErrorKind::kCorruptData, kProfileWhere, "profile: ", path_of(where, key),
-             " must be in [0, ", hi, "], got ", v);
-  return v;
+  return in_range(j, key, where, 0.0, hi);
 }
 
 // A rate per second: 0 (not measured) or in [1, kMaxRate].
 double rate(const json& j, const char* key, const std::string& where) {
-  const double v = non_negative(j, key, where, kMaxRate);
-  FSDP_CHECK(v == 0.0 || v >= 1.0, ErrorKind::kCorruptData, kProfileWhere, "profile: ", path_of(where, key),
-             " must be 0 or in [1, ", kMaxRate, "], got ", v);
+  const double v = field<double>(j, key, where);
+  FSDP_CHECK(v == 0.0 || (v >= 1.0 && v <= kMaxRate), ErrorKind::kCorruptData, kProfileWhere, "profile: ",
+             path_of(where, key), " must be 0 (not measured) or in [1, ", kMaxRate, "], got ", v);
   return v;
 }
 
 LinkProfile link_from(const json& j, const std::string& where) {
+  only_known_keys(j, where, {"alpha_s", "bandwidth_bytes_per_s"});
   LinkProfile l;
   l.alpha_s = non_negative(j, "alpha_s", where, kMaxSeconds);
-  l.bandwidth_bytes_per_s = rate(j, "bandwidth_bytes_per_s", where);
-  FSDP_CHECK(l.bandwidth_bytes_per_s > 0.0, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
-             ".bandwidth_bytes_per_s must be > 0");
+  l.bandwidth_bytes_per_s = in_range(j, "bandwidth_bytes_per_s", where, 1.0, kMaxRate);
   return l;
 }
 
@@ -358,6 +377,12 @@ DeviceProfile profile_from_json(const std::string& text) {
     throw Error(ErrorKind::kCorruptData, kProfileWhere, str_cat("profile: not JSON: ", what));
   }
   DeviceProfile p;
+  FSDP_CHECK(j.is_object(), ErrorKind::kCorruptData, kProfileWhere, "profile: the file must be a JSON object, got ",
+             j.type_name());
+  only_known_keys(j, "", {"name", "description", "sources", "memory_bytes", "ranks_per_node", "matmul_flops_per_s",
+                          "compute_efficiency", "model_flops_per_s", "step_update_s_per_elem",
+                          "step_update_points_numel_seconds", "memory_copy_bytes_per_s", "comm_overlaps_compute",
+                          "compute_oversubscribed", "collectives", "calibration"});
   p.name = field<std::string>(j, "name", "");
   if (j.contains("description")) p.description = field<std::string>(j, "description", "");
   if (j.contains("sources")) p.sources = field<std::vector<std::string>>(j, "sources", "");
@@ -366,31 +391,31 @@ DeviceProfile profile_from_json(const std::string& text) {
   FSDP_CHECK(p.memory_bytes >= 0 && p.memory_bytes <= kMaxBytes, ErrorKind::kCorruptData,
              kProfileWhere, "profile: memory_bytes must be in [0, 2^60] bytes (0: not known), got ", p.memory_bytes);
   p.ranks_per_node = field<int64_t>(j, "ranks_per_node", "");
-  FSDP_CHECK(p.ranks_per_node <= (int64_t{1} << 20), ErrorKind::kCorruptData, kProfileWhere,
-             "profile: ranks_per_node must be at most 2^20, got ", p.ranks_per_node);
-  FSDP_CHECK(p.ranks_per_node >= 1, ErrorKind::kCorruptData, kProfileWhere, "profile: ranks_per_node must be >= 1, got ",
-             p.ranks_per_node);
+  FSDP_CHECK(p.ranks_per_node >= 1 && p.ranks_per_node <= (int64_t{1} << 20), ErrorKind::kCorruptData, kProfileWhere,
+             "profile: ranks_per_node must be in [1, 2^20], got ", p.ranks_per_node);
   const json& f = field<json>(j, "matmul_flops_per_s", "");
-  p.matmul_flops_per_s_fp32 = rate(f, "fp32", "matmul_flops_per_s");
-  p.matmul_flops_per_s_bf16 = rate(f, "bf16", "matmul_flops_per_s");
+  only_known_keys(f, "matmul_flops_per_s", {"fp32", "bf16", "fp16"});
+  p.matmul_flops_per_s_fp32 = in_range(f, "fp32", "matmul_flops_per_s", 1.0, kMaxRate);
+  p.matmul_flops_per_s_bf16 = in_range(f, "bf16", "matmul_flops_per_s", 1.0, kMaxRate);
   p.matmul_flops_per_s_fp16 = f.contains("fp16") ? rate(f, "fp16", "matmul_flops_per_s") : 0.0;
-  FSDP_CHECK(p.matmul_flops_per_s_fp32 > 0 && p.matmul_flops_per_s_bf16 > 0, ErrorKind::kCorruptData, kProfileWhere,
-             "profile: matmul_flops_per_s.fp32 and .bf16 must be > 0");
-  p.compute_efficiency = j.contains("compute_efficiency") ? non_negative(j, "compute_efficiency", "", 1.0) : 1.0;
-  FSDP_CHECK(p.compute_efficiency > 0 && p.compute_efficiency <= 1.0, ErrorKind::kCorruptData, kProfileWhere,
-             "profile: compute_efficiency must be in (0, 1], got ", p.compute_efficiency);
+  // The same range as fsdp-plan's --compute-efficiency.
+  p.compute_efficiency =
+      j.contains("compute_efficiency") ? in_range(j, "compute_efficiency", "", kMinComputeEfficiency, 1.0) : 1.0;
   if (j.contains("model_flops_per_s")) {
-    const json& mf = j.at("model_flops_per_s");
+    const json& mf = field<json>(j, "model_flops_per_s", "");
+    only_known_keys(mf, "model_flops_per_s", {"fp32", "bf16", "fp16"});
     p.model_flops_per_s_fp32 = rate(mf, "fp32", "model_flops_per_s");
     p.model_flops_per_s_bf16 = rate(mf, "bf16", "model_flops_per_s");
     p.model_flops_per_s_fp16 = rate(mf, "fp16", "model_flops_per_s");
   }
   const json& u = field<json>(j, "step_update_s_per_elem", "");
+  only_known_keys(u, "step_update_s_per_elem", {"adamw", "sgd-momentum", "sgd"});
   p.step_update_s_per_elem_adamw = non_negative(u, "adamw", "step_update_s_per_elem", kMaxSeconds);
   p.step_update_s_per_elem_sgd_momentum = non_negative(u, "sgd-momentum", "step_update_s_per_elem", kMaxSeconds);
   p.step_update_s_per_elem_sgd = non_negative(u, "sgd", "step_update_s_per_elem", kMaxSeconds);
   if (j.contains("step_update_points_numel_seconds")) {
     const json& c = j.at("step_update_points_numel_seconds");
+    only_known_keys(c, "step_update_points_numel_seconds", {"adamw", "sgd-momentum", "sgd"});
     std::vector<UpdatePoint>* curves[] = {&p.step_update_points_adamw, &p.step_update_points_sgd_momentum,
                                           &p.step_update_points_sgd};
     for (int k = 0; k < 3; ++k) *curves[k] = update_points_from(c, kOptimizerKeys[k]);
@@ -410,10 +435,12 @@ DeviceProfile profile_from_json(const std::string& text) {
              "cores than the node has leaves none to communication)");
   const json& c = field<json>(j, "collectives", "");  // null: a one-rank calibration
   p.has_collectives = !c.is_null();
+  only_known_keys(c, "collectives", {"all_gather", "reduce_scatter", "all_reduce"});
   CollectiveLinks* links[] = {&p.all_gather, &p.reduce_scatter, &p.all_reduce};
   for (int k = 0; k < 3 && p.has_collectives; ++k) {
     const std::string where = std::string("collectives.") + kKinds[k];
     const json& e = field<json>(c, kKinds[k], "collectives");
+    only_known_keys(e, where, {"intra_node", "inter_node", "shared_core_factor", "duration_factor"});
     links[k]->intra_node = link_from(field<json>(e, "intra_node", where), where + ".intra_node");
     links[k]->inter_node = link_from(field<json>(e, "inter_node", where), where + ".inter_node");
     // Absent in profiles written before it was measured: 1 (a collective costs its time alone).
@@ -438,7 +465,8 @@ DeviceProfile profile_from_json(const std::string& text) {
     }
   }
   if (j.contains("calibration")) {
-    const json& cal = j.at("calibration");
+    const json& cal = field<json>(j, "calibration", "");
+    only_known_keys(cal, "calibration", {"world_size", "model", "model_params", "micro_batch_size", "seq_len", "fits"});
     p.calibration_world_size = field<int64_t>(cal, "world_size", "calibration");
     FSDP_CHECK(p.calibration_world_size >= 1 && p.calibration_world_size <= (int64_t{1} << 20), ErrorKind::kCorruptData,
                kProfileWhere, "profile: calibration.world_size must be in [1, 2^20], got ", p.calibration_world_size);
@@ -456,12 +484,14 @@ DeviceProfile profile_from_json(const std::string& text) {
                  p.calibration_model_params, ", ", p.calibration_micro_batch_size, " and ", p.calibration_seq_len);
     }
     const json& fits = p.has_collectives ? field<json>(cal, "fits", "calibration") : json();
+    only_known_keys(fits, "calibration.fits", {"all_gather", "reduce_scatter", "all_reduce"});
     for (const char* kind : kKinds) {
       if (!p.has_collectives) break;
       CalibrationFit fit;
       const json& e = field<json>(fits, kind, "calibration.fits");
-      fit.alpha_s = field<double>(e, "alpha_s", std::string("calibration.fits.") + kind);
-      fit.beta_s_per_byte = field<double>(e, "beta_s_per_byte", std::string("calibration.fits.") + kind);
+      only_known_keys(e, std::string("calibration.fits.") + kind, {"alpha_s", "beta_s_per_byte", "points_bytes_seconds"});
+      fit.alpha_s = non_negative(e, "alpha_s", std::string("calibration.fits.") + kind, kMaxSeconds);
+      fit.beta_s_per_byte = non_negative(e, "beta_s_per_byte", std::string("calibration.fits.") + kind, kMaxSeconds);
       fit.points = calibration_points_from(e, std::string("calibration.fits.") + kind);
       p.fits.push_back(fit);
     }

@@ -674,6 +674,104 @@ TEST(PlannerProfile, DurationFactorRoundTripsAndIsChecked) {
   }
 }
 
+TEST(PlannerProfile, UnknownKeysAreRejectedAtEveryLevelAndEachNumberHasOneRange) {
+  const auto message = [](const nlohmann::json& j) -> std::string {
+    try {
+      fp::profile_from_json(j.dump());
+    } catch (const fsdp::Error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  // A calibrated profile holds every level a file can have: calibration, its fits, their points,
+  // the step update's points.
+  fp::DeviceProfile p = fp::builtin_profile("a100");
+  p.calibration_world_size = 2;
+  p.calibration_model = "micro";
+  p.calibration_model_params = 13891584;
+  p.calibration_micro_batch_size = 2;
+  p.calibration_seq_len = 64;
+  p.fits.assign(3, fp::CalibrationFit{1e-5, 1e-9, {{4096, 1e-4}, {1 << 20, 1e-3}}});
+  p.step_update_points_adamw = {{1024, 1e-5}, {1 << 20, 1e-3}};
+  p.model_flops_per_s_fp32 = 5e10;
+  const nlohmann::json good = nlohmann::json::parse(fp::profile_to_json(p));
+  ASSERT_EQ(message(good), "accepted");
+  // A misspelt key at each level is named with the level and the keys it may hold.
+  const std::vector<std::pair<nlohmann::json::json_pointer, std::string>> levels = {
+      {nlohmann::json::json_pointer(""), "profile: the file has an unknown field \"compute_efficency\" (known: name, "},
+      {nlohmann::json::json_pointer("/matmul_flops_per_s"),
+       "profile: matmul_flops_per_s has an unknown field \"compute_efficency\" (known: fp32, bf16, fp16)"},
+      {nlohmann::json::json_pointer("/model_flops_per_s"), "profile: model_flops_per_s has an unknown field"},
+      {nlohmann::json::json_pointer("/step_update_s_per_elem"),
+       "profile: step_update_s_per_elem has an unknown field \"compute_efficency\" (known: adamw, sgd-momentum, sgd)"},
+      {nlohmann::json::json_pointer("/step_update_points_numel_seconds"),
+       "profile: step_update_points_numel_seconds has an unknown field"},
+      {nlohmann::json::json_pointer("/collectives"), "profile: collectives has an unknown field"},
+      {nlohmann::json::json_pointer("/collectives/reduce_scatter"),
+       "profile: collectives.reduce_scatter has an unknown field \"compute_efficency\" (known: intra_node, inter_node, "
+       "shared_core_factor, duration_factor)"},
+      {nlohmann::json::json_pointer("/collectives/all_reduce/inter_node"),
+       "profile: collectives.all_reduce.inter_node has an unknown field \"compute_efficency\" (known: alpha_s, "
+       "bandwidth_bytes_per_s)"},
+      {nlohmann::json::json_pointer("/calibration"), "profile: calibration has an unknown field"},
+      {nlohmann::json::json_pointer("/calibration/fits"), "profile: calibration.fits has an unknown field"},
+      {nlohmann::json::json_pointer("/calibration/fits/all_gather"),
+       "profile: calibration.fits.all_gather has an unknown field \"compute_efficency\" (known: alpha_s, "
+       "beta_s_per_byte, points_bytes_seconds)"},
+  };
+  for (const auto& [where, expected] : levels) {
+    nlohmann::json j = good;
+    ASSERT_TRUE(j.at(where).is_object()) << where.to_string();
+    j.at(where)["compute_efficency"] = 0.5;
+    EXPECT_NE(message(j).find(expected), std::string::npos) << where.to_string() << ": " << message(j);
+  }
+  // A long key is cut short in the message.
+  {
+    nlohmann::json j = good;
+    j[std::string(10000, 'x')] = 1;
+    EXPECT_LT(message(j).size(), 600u) << message(j).size();
+  }
+  // One range per number, the same words below and above it (0 and negative values alike).
+  const auto range = [&](const std::string& ptr, double v) {
+    nlohmann::json j = good;
+    j.at(nlohmann::json::json_pointer(ptr)) = v;
+    return message(j);
+  };
+  for (double v : {0.0, -1.0, 0.005, 1.5}) {
+    EXPECT_NE(range("/compute_efficiency", v).find("profile: compute_efficiency must be in [0.01, 1], got "),
+              std::string::npos)
+        << v << ": " << range("/compute_efficiency", v);
+  }
+  EXPECT_EQ(range("/compute_efficiency", fp::kMinComputeEfficiency), "accepted");
+  for (double v : {0.0, -1.0, 0.5, 2e18}) {
+    EXPECT_NE(range("/collectives/all_gather/intra_node/bandwidth_bytes_per_s", v)
+                  .find("profile: collectives.all_gather.intra_node.bandwidth_bytes_per_s must be in [1, 1e+18], got "),
+              std::string::npos)
+        << v << ": " << range("/collectives/all_gather/intra_node/bandwidth_bytes_per_s", v);
+    EXPECT_NE(range("/matmul_flops_per_s/fp32", v).find("profile: matmul_flops_per_s.fp32 must be in [1, 1e+18], got "),
+              std::string::npos)
+        << v << ": " << range("/matmul_flops_per_s/fp32", v);
+  }
+  for (double v : {-1.0, 0.5, 2e18}) {
+    EXPECT_NE(range("/model_flops_per_s/bf16", v)
+                  .find("profile: model_flops_per_s.bf16 must be 0 (not measured) or in [1, 1e+18], got "),
+              std::string::npos)
+        << v << ": " << range("/model_flops_per_s/bf16", v);
+  }
+  EXPECT_EQ(range("/model_flops_per_s/bf16", 0.0), "accepted");
+  for (int64_t v : {int64_t{0}, int64_t{-3}, (int64_t{1} << 20) + 1}) {
+    nlohmann::json j = good;
+    j["ranks_per_node"] = v;
+    EXPECT_NE(message(j).find("profile: ranks_per_node must be in [1, 2^20], got " + std::to_string(v)),
+              std::string::npos)
+        << message(j);
+  }
+  EXPECT_NE(range("/calibration/fits/reduce_scatter/beta_s_per_byte", -1.0)
+                .find("profile: calibration.fits.reduce_scatter.beta_s_per_byte must be in [0, 3600], got -1"),
+            std::string::npos)
+      << range("/calibration/fits/reduce_scatter/beta_s_per_byte", -1.0);
+}
+
 TEST(PlannerUnits, ParseAndFormatBytes) {
   EXPECT_EQ(fp::parse_bytes("80GB"), 80'000'000'000);
   EXPECT_EQ(fp::parse_bytes("80GiB"), 80LL << 30);

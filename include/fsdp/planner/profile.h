@@ -79,6 +79,10 @@ struct UpdatePoint {
   double seconds = 0.0;
 };
 
+/// The smallest compute_efficiency a profile file or fsdp-plan's --compute-efficiency accepts
+/// (a step at 1% of the matmul peak; below it a typo, such as 0.001 for 0.1, is likelier).
+inline constexpr double kMinComputeEfficiency = 0.01;
+
 /// A machine as the time model sees it, per rank.
 struct DeviceProfile {
   std::string name;         ///< "h100", "a100", or the calibrated machine's name
@@ -89,8 +93,9 @@ struct DeviceProfile {
   double matmul_flops_per_s_fp32 = 0.0;  ///< matrix-product FLOP/s of one rank, fp32
   double matmul_flops_per_s_bf16 = 0.0;  ///< bf16
   double matmul_flops_per_s_fp16 = 0.0;  ///< fp16 (0: the bf16 rate)
-  /// Fraction of those rates a training step reaches (1: the rates as given). A datasheet's
-  /// figures are peaks: a step's estimate is then a lower bound. Not applied to model_flops_per_s.
+  /// Fraction of those rates a training step reaches (1: the rates as given), in
+  /// [kMinComputeEfficiency, 1]. A datasheet's figures are peaks: a step's estimate is then a
+  /// lower bound. Not applied to model_flops_per_s.
   double compute_efficiency = 1.0;
   /// Calibrated profiles: the FLOP rate a whole training forward + backward of the calibrated model
   /// reached per rank (its matmul FLOPs, time_model.h `unit_flops`, over the measured seconds: the
