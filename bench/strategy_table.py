@@ -115,11 +115,11 @@ def main():
                 step_s = times[len(times) // 2]
                 peak = max(e["mem"]["peak_bytes"] for e in timed)
                 peak_err = 100.0 * (p["peak"]["peak_bytes"] - peak) / peak
-                step_plan = f"{p['time']['step_s']:.2f}" if a.profile else ""
+                step_plan = f"{p['time']['step_s']:.3f}" if a.profile else ""
                 step_err = f"{100.0 * (p['time']['step_s'] - step_s) / step_s:+.1f}%" if a.profile else ""
                 rows.append(f"| {preset} | {n} | {name} | {state:,} | {planned:,} | {ms['zero_paper_bytes']:,.0f} | "
                             f"{peak:,} | {p['peak']['peak_bytes']:,} | {peak_err:+.1f}% | {cbytes:,} | "
-                            f"{p['traffic']['logical_bytes']:,} | {step_s:.2f} | {step_plan} | {step_err} |")
+                            f"{p['traffic']['logical_bytes']:,} | {step_s:.3f} | {step_plan} | {step_err} |")
                 print(rows[-1], flush=True)
     print("\n".join(rows))
 
