@@ -98,6 +98,7 @@ constexpr double kMaxRate = 1e18;
 constexpr int64_t kMaxBytes = int64_t{1} << 60;
 constexpr int64_t kMaxNumel = int64_t{1} << 50;
 constexpr double kMaxSharedCoreFactor = 1000.0;
+constexpr int64_t kMaxRanks = int64_t{1} << 20;
 
 // A field's path in the file: "collectives.all_gather.alpha_s"; a top-level field (where "") by its key.
 std::string path_of(const std::string& where, const char* key) {
@@ -118,15 +119,8 @@ T field(const json& j, const char* key, const std::string& where) {
              " must be a JSON object, got ", j.type_name());
   FSDP_CHECK(j.contains(key), ErrorKind::kCorruptData, kProfileWhere, "profile: ",
              where.empty() ? "the file" : where, " has no field '", key, "'");
-  // Whole numbers stay whole: nlohmann's get<int64_t> would cut 2.5 to 2.
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    FSDP_CHECK(j.at(key).is_number_integer(), ErrorKind::kCorruptData, kProfileWhere, "profile: ",
-               path_of(where, key), " must be a whole number, got ", j.at(key).dump());
-    // Past int64 (nlohmann keeps it unsigned; get<int64_t> would wrap it to a negative number).
-    FSDP_CHECK(!j.at(key).is_number_unsigned() || j.at(key).get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
-               ErrorKind::kCorruptData, kProfileWhere, "profile: ", path_of(where, key),
-               " must be at most 2^63 - 1, got ", j.at(key).dump());
-  }
+  // Whole numbers: whole_in_range (nlohmann's get<int64_t> would cut 2.5 to 2).
+  static_assert(!std::is_integral_v<T> || std::is_same_v<T, bool>, "whole numbers: whole_in_range");
   try {
     return j.at(key).get<T>();
   } catch (const json::exception&) {
@@ -155,11 +149,32 @@ void only_known_keys(const json& j, const std::string& where, std::initializer_l
   }
 }
 
+// A whole number in [lo, hi] (`range` as the message writes it: "[0, 2^60]"); one message for every
+// value outside it, a fraction, past int64, or a number written with an exponent included (8e10 is
+// the whole number 80,000,000,000: accepted).
+int64_t whole_in_range(const json& j, const char* key, const std::string& where, int64_t lo, int64_t hi,
+                       const char* range) {
+  const json& v = field<json>(j, key, where);
+  bool ok = false;
+  int64_t out = 0;
+  if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+    out = v.get<int64_t>();
+    ok = true;
+  } else if (v.is_number_float()) {
+    const double d = v.get<double>();
+    ok = std::isfinite(d) && std::floor(d) == d && std::fabs(d) <= static_cast<double>(int64_t{1} << 62);
+    if (ok) out = static_cast<int64_t>(d);
+  }
+  FSDP_CHECK(ok && out >= lo && out <= hi, ErrorKind::kCorruptData, kProfileWhere, "profile: ", path_of(where, key),
+             " must be a whole number in ", range, ", got ", shortened(v));
+  return out;
+}
+
 // A number in [lo, hi]; one range per field, the same words for every value outside it.
 double in_range(const json& j, const char* key, const std::string& where, double lo, double hi) {
   const double v = field<double>(j, key, where);
   FSDP_CHECK(v >= lo && v <= hi, ErrorKind::kCorruptData, kProfileWhere, "profile: ", path_of(where, key),
-             " must be in [", lo, ", ", hi, "], got ", v);
+             " must be in [", lo, ", ", hi, "], got ", shortened(j.at(key)));
   return v;
 }
 
@@ -172,7 +187,7 @@ double non_negative(const json& j, const char* key, const std::string& where, do
 double rate(const json& j, const char* key, const std::string& where) {
   const double v = field<double>(j, key, where);
   FSDP_CHECK(v == 0.0 || (v >= 1.0 && v <= kMaxRate), ErrorKind::kCorruptData, kProfileWhere, "profile: ",
-             path_of(where, key), " must be 0 (not measured) or in [1, ", kMaxRate, "], got ", v);
+             path_of(where, key), " must be 0 (not measured) or in [1, ", kMaxRate, "], got ", shortened(j.at(key)));
   return v;
 }
 
@@ -369,7 +384,21 @@ std::string profile_to_json(const DeviceProfile& p) {
 DeviceProfile profile_from_json(const std::string& text) {
   json j;
   try {
-    j = json::parse(text);
+    // A key twice in one object: the JSON library keeps the last, which would leave the first's
+    // value out of the plan without a word.
+    std::vector<std::vector<std::string>> keys;  // the keys seen, per open object
+    j = json::parse(text, [&keys](int, json::parse_event_t event, json& parsed) {
+      if (event == json::parse_event_t::object_start) keys.emplace_back();
+      if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+      if (event == json::parse_event_t::key && !keys.empty()) {
+        const std::string k = parsed.get<std::string>();
+        FSDP_CHECK(std::find(keys.back().begin(), keys.back().end(), k) == keys.back().end(),
+                   ErrorKind::kCorruptData, kProfileWhere, "profile: the key ", shortened(json(k)),
+                   " appears twice in one object");
+        keys.back().push_back(k);
+      }
+      return true;
+    });
   } catch (const json::exception& e) {
     // nlohmann's text less its "[json.exception.parse_error.101] " tag.
     std::string what = e.what();
@@ -387,12 +416,8 @@ DeviceProfile profile_from_json(const std::string& text) {
   if (j.contains("description")) p.description = field<std::string>(j, "description", "");
   if (j.contains("sources")) p.sources = field<std::vector<std::string>>(j, "sources", "");
   // Whole bytes; 0: not known (a plan then needs a memory per rank of its own).
-  p.memory_bytes = field<int64_t>(j, "memory_bytes", "");
-  FSDP_CHECK(p.memory_bytes >= 0 && p.memory_bytes <= kMaxBytes, ErrorKind::kCorruptData,
-             kProfileWhere, "profile: memory_bytes must be in [0, 2^60] bytes (0: not known), got ", p.memory_bytes);
-  p.ranks_per_node = field<int64_t>(j, "ranks_per_node", "");
-  FSDP_CHECK(p.ranks_per_node >= 1 && p.ranks_per_node <= (int64_t{1} << 20), ErrorKind::kCorruptData, kProfileWhere,
-             "profile: ranks_per_node must be in [1, 2^20], got ", p.ranks_per_node);
+  p.memory_bytes = whole_in_range(j, "memory_bytes", "", 0, kMaxBytes, "[0, 2^60] (bytes; 0: not known)");
+  p.ranks_per_node = whole_in_range(j, "ranks_per_node", "", 1, kMaxRanks, "[1, 2^20]");
   const json& f = field<json>(j, "matmul_flops_per_s", "");
   only_known_keys(f, "matmul_flops_per_s", {"fp32", "bf16", "fp16"});
   p.matmul_flops_per_s_fp32 = in_range(f, "fp32", "matmul_flops_per_s", 1.0, kMaxRate);
@@ -423,10 +448,7 @@ DeviceProfile profile_from_json(const std::string& text) {
   FSDP_CHECK(j.contains("memory_copy_bytes_per_s"), ErrorKind::kCorruptData, kProfileWhere,
              "profile: no field 'memory_copy_bytes_per_s' (a profile calibrated before the copy rate was "
              "measured: calibrate again)");
-  p.memory_copy_bytes_per_s = field<double>(j, "memory_copy_bytes_per_s", "");
-  FSDP_CHECK(p.memory_copy_bytes_per_s >= 1.0 && p.memory_copy_bytes_per_s <= kMaxRate, ErrorKind::kCorruptData,
-             kProfileWhere, "profile: memory_copy_bytes_per_s must be in [1, ", kMaxRate, "] bytes per second, got ",
-             p.memory_copy_bytes_per_s);
+  p.memory_copy_bytes_per_s = in_range(j, "memory_copy_bytes_per_s", "", 1.0, kMaxRate);
   p.comm_overlaps_compute = field<bool>(j, "comm_overlaps_compute", "");
   // Absent in profiles written before it was recorded: false.
   if (j.contains("compute_oversubscribed")) p.compute_oversubscribed = field<bool>(j, "compute_oversubscribed", "");
@@ -453,36 +475,39 @@ DeviceProfile profile_from_json(const std::string& text) {
                  p.compute_oversubscribed ? "where compute oversubscribes the cores"
                                           : "(a collective costs a step at least its time alone where it shares the "
                                             "cores and compute fits them; below 1 only with compute_oversubscribed true)",
-                 ", got ", f);
+                 ", got ", shortened(e.at("shared_core_factor")));
       links[k]->shared_core_factor = f;
     }
     if (e.contains("duration_factor")) {  // absent in profiles written before it was measured: 1
       const double d = field<double>(e, "duration_factor", where);
       FSDP_CHECK(d >= 1.0 && d <= kMaxSharedCoreFactor, ErrorKind::kCorruptData, kProfileWhere, "profile: ", where,
                  ".duration_factor must be in [1, ", kMaxSharedCoreFactor,
-                 "] (beside compute a collective runs no faster than alone), got ", d);
+                 "] (beside compute a collective runs no faster than alone), got ", shortened(e.at("duration_factor")));
       links[k]->duration_factor = d;
     }
   }
   if (j.contains("calibration")) {
     const json& cal = field<json>(j, "calibration", "");
     only_known_keys(cal, "calibration", {"world_size", "model", "model_params", "micro_batch_size", "seq_len", "fits"});
-    p.calibration_world_size = field<int64_t>(cal, "world_size", "calibration");
-    FSDP_CHECK(p.calibration_world_size >= 1 && p.calibration_world_size <= (int64_t{1} << 20), ErrorKind::kCorruptData,
-               kProfileWhere, "profile: calibration.world_size must be in [1, 2^20], got ", p.calibration_world_size);
-    // Absent in profiles written before the calibrated setup was recorded.
-    if (cal.contains("model")) {
+    p.calibration_world_size = whole_in_range(cal, "world_size", "calibration", 1, kMaxRanks, "[1, 2^20]");
+    // Absent in profiles written before the calibrated setup was recorded: all four or none.
+    const int setup_keys = static_cast<int>(cal.contains("model")) + static_cast<int>(cal.contains("model_params")) +
+                           static_cast<int>(cal.contains("micro_batch_size")) + static_cast<int>(cal.contains("seq_len"));
+    FSDP_CHECK(setup_keys == 0 || setup_keys == 4, ErrorKind::kCorruptData, kProfileWhere,
+               "profile: calibration.model, .model_params, .micro_batch_size and .seq_len are all four or none, got ",
+               setup_keys);
+    if (setup_keys == 4) {
       p.calibration_model = field<std::string>(cal, "model", "calibration");
       FSDP_CHECK(!p.calibration_model.empty(), ErrorKind::kCorruptData, kProfileWhere,
                  "profile: calibration.model must name the calibrated model, got \"\"");
-      p.calibration_model_params = field<int64_t>(cal, "model_params", "calibration");
-      p.calibration_micro_batch_size = field<int64_t>(cal, "micro_batch_size", "calibration");
-      p.calibration_seq_len = field<int64_t>(cal, "seq_len", "calibration");
-      FSDP_CHECK(p.calibration_model_params >= 1 && p.calibration_micro_batch_size >= 1 && p.calibration_seq_len >= 1,
-                 ErrorKind::kCorruptData, kProfileWhere,
-                 "profile: calibration.model_params, .micro_batch_size and .seq_len must be >= 1, got ",
-                 p.calibration_model_params, ", ", p.calibration_micro_batch_size, " and ", p.calibration_seq_len);
+      p.calibration_model_params = whole_in_range(cal, "model_params", "calibration", 1, kMaxNumel, "[1, 2^50]");
+      p.calibration_micro_batch_size =
+          whole_in_range(cal, "micro_batch_size", "calibration", 1, kMaxNumel, "[1, 2^50]");
+      p.calibration_seq_len = whole_in_range(cal, "seq_len", "calibration", 1, kMaxNumel, "[1, 2^50]");
     }
+    // A one-rank calibration measures no collective: it has no fits.
+    FSDP_CHECK(p.has_collectives || !cal.contains("fits"), ErrorKind::kCorruptData, kProfileWhere,
+               "profile: calibration.fits is for a calibration of 2 or more ranks (\"collectives\" is null here)");
     const json& fits = p.has_collectives ? field<json>(cal, "fits", "calibration") : json();
     only_known_keys(fits, "calibration.fits", {"all_gather", "reduce_scatter", "all_reduce"});
     for (const char* kind : kKinds) {

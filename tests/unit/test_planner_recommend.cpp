@@ -456,7 +456,8 @@ TEST(PlannerProfile, CalibratedSetupRoundTripsAndNotesAPlanForAnother) {
       fp::profile_from_json(j.dump());
       ADD_FAILURE() << "a calibration.model without its model_params accepted";
     } catch (const fsdp::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("calibration has no field 'model_params'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("calibration.model, .model_params, .micro_batch_size and .seq_len are all four or none, got 3"),
+                std::string::npos) << e.what();
     }
   }
 }
@@ -474,11 +475,15 @@ TEST(PlannerProfile, ErrorsNameTheFieldsPath) {
   const nlohmann::json good = nlohmann::json::parse(fp::profile_to_json(fp::builtin_profile("a100")));
   nlohmann::json j = good;
   j["memory_bytes"] = -1;
-  EXPECT_NE(message(j).find("profile: memory_bytes must be in [0, "), std::string::npos) << message(j);
+  EXPECT_NE(message(j).find("profile: memory_bytes must be a whole number in [0, 2^60] (bytes; 0: not known), got -1"),
+            std::string::npos)
+      << message(j);
   EXPECT_EQ(message(j).find("profile.memory_bytes"), std::string::npos) << message(j);
   j = good;
   j["ranks_per_node"] = "eight";
-  EXPECT_NE(message(j).find("profile: ranks_per_node must be a whole number, got \"eight\""), std::string::npos) << message(j);
+  EXPECT_NE(message(j).find("profile: ranks_per_node must be a whole number in [1, 2^20], got \"eight\""),
+            std::string::npos)
+      << message(j);
   j = good;
   j["collectives"]["all_gather"]["intra_node"]["alpha_s"] = -1;
   EXPECT_NE(message(j).find("profile: collectives.all_gather.intra_node.alpha_s must be in"), std::string::npos)
@@ -486,15 +491,20 @@ TEST(PlannerProfile, ErrorsNameTheFieldsPath) {
   EXPECT_NE(message(nlohmann::json::array()).find("profile: the file must be a JSON object"), std::string::npos);
   j = good;
   j["ranks_per_node"] = 2.5;  // not cut to 2
-  EXPECT_NE(message(j).find("profile: ranks_per_node must be a whole number, got 2.5"), std::string::npos)
+  EXPECT_NE(message(j).find("profile: ranks_per_node must be a whole number in [1, 2^20], got 2.5"), std::string::npos)
       << message(j);
-  // memory_bytes: whole bytes up to 2^60, the limit written as such.
+  // memory_bytes: whole bytes up to 2^60, the limit written as such; a whole number written with
+  // an exponent is that number, a fraction is not.
   j = good;
   j["memory_bytes"] = 8.5e9;
-  EXPECT_NE(message(j).find("profile: memory_bytes must be a whole number, got 8500000000.0"), std::string::npos)
+  EXPECT_EQ(fp::profile_from_json(j.dump()).memory_bytes, 8'500'000'000);
+  j["memory_bytes"] = 8.5;
+  EXPECT_NE(message(j).find("profile: memory_bytes must be a whole number in [0, 2^60] (bytes; 0: not known), got 8.5"),
+            std::string::npos)
       << message(j);
   j["memory_bytes"] = int64_t{1} << 61;
-  EXPECT_NE(message(j).find("profile: memory_bytes must be in [0, 2^60] bytes (0: not known), got 2305843009213693952"),
+  EXPECT_NE(message(j).find(
+                "profile: memory_bytes must be a whole number in [0, 2^60] (bytes; 0: not known), got 2305843009213693952"),
             std::string::npos)
       << message(j);
   // A wrong type is named in words, without the JSON library's own text.
@@ -518,11 +528,16 @@ TEST(PlannerProfile, ErrorsNameTheFieldsPath) {
   // Past int64 is named as such, not wrapped to a negative number; 2^60 + 1 bytes is past the limit.
   j = good;
   j["memory_bytes"] = uint64_t{1} << 63;
-  EXPECT_NE(message(j).find("profile: memory_bytes must be at most 2^63 - 1, got 9223372036854775808"),
+  EXPECT_NE(message(j).find("profile: memory_bytes must be a whole number in [0, 2^60] (bytes; 0: not known), got "
+                            "9223372036854775808"),
+            std::string::npos)
+      << message(j);
+  j["memory_bytes"] = 1e300;
+  EXPECT_NE(message(j).find("profile: memory_bytes must be a whole number in [0, 2^60] (bytes; 0: not known), got "),
             std::string::npos)
       << message(j);
   j["memory_bytes"] = (int64_t{1} << 60) + 1;
-  EXPECT_NE(message(j).find("memory_bytes must be in [0, 2^60]"), std::string::npos) << message(j);
+  EXPECT_NE(message(j).find("memory_bytes must be a whole number in [0, 2^60]"), std::string::npos) << message(j);
   j["memory_bytes"] = int64_t{1} << 60;
   EXPECT_EQ(message(j), "accepted");
   j = good;
@@ -643,7 +658,7 @@ TEST(PlannerProfile, CalibratedPointsAreInterpolatedPerRingStep) {
       fp::profile_from_json(b.dump());
       ADD_FAILURE() << "accepted";
     } catch (const fsdp::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("profile: calibration.world_size must be in [1, 2^20]"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("profile: calibration.world_size must be a whole number in [1, 2^20]"), std::string::npos)
           << e.what();
     }
   }
@@ -762,14 +777,56 @@ TEST(PlannerProfile, UnknownKeysAreRejectedAtEveryLevelAndEachNumberHasOneRange)
   for (int64_t v : {int64_t{0}, int64_t{-3}, (int64_t{1} << 20) + 1}) {
     nlohmann::json j = good;
     j["ranks_per_node"] = v;
-    EXPECT_NE(message(j).find("profile: ranks_per_node must be in [1, 2^20], got " + std::to_string(v)),
+    EXPECT_NE(message(j).find("profile: ranks_per_node must be a whole number in [1, 2^20], got " + std::to_string(v)),
               std::string::npos)
         << message(j);
   }
   EXPECT_NE(range("/calibration/fits/reduce_scatter/beta_s_per_byte", -1.0)
-                .find("profile: calibration.fits.reduce_scatter.beta_s_per_byte must be in [0, 3600], got -1"),
+                .find("profile: calibration.fits.reduce_scatter.beta_s_per_byte must be in [0, 3600], got -1.0"),
             std::string::npos)
       << range("/calibration/fits/reduce_scatter/beta_s_per_byte", -1.0);
+  // The value as the file writes it, not rounded to 6 digits (which would print "got 1" for a value past 1).
+  EXPECT_NE(range("/compute_efficiency", 1.0000001).find("must be in [0.01, 1], got 1.0000001"), std::string::npos)
+      << range("/compute_efficiency", 1.0000001);
+  // A key twice in one object: the library would keep the last without a word.
+  {
+    std::string text = good.dump();
+    text.insert(1, "\"compute_efficiency\": 0.5, ");
+    text.insert(1, "\"compute_efficiency\": 0.5, ");
+    try {
+      fp::profile_from_json(text);
+      ADD_FAILURE() << "a key twice accepted";
+    } catch (const fsdp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("profile: the key \"compute_efficiency\" appears twice in one object"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  // The calibrated setup: all four keys or none; the three numbers checked whichever is missing.
+  {
+    nlohmann::json j = good;
+    j["calibration"].erase("model");
+    j["calibration"]["seq_len"] = -5;
+    EXPECT_NE(message(j).find("profile: calibration.model, .model_params, .micro_batch_size and .seq_len are all four "
+                              "or none, got 3"),
+              std::string::npos)
+        << message(j);
+    j = good;
+    j["calibration"]["seq_len"] = -5;
+    EXPECT_NE(message(j).find("profile: calibration.seq_len must be a whole number in [1, 2^50], got -5"),
+              std::string::npos)
+        << message(j);
+  }
+  // A one-rank calibration ("collectives": null) holds no fits, so none can hide in it.
+  {
+    nlohmann::json j = good;
+    j["collectives"] = nullptr;
+    j["calibration"]["world_size"] = 1;
+    EXPECT_NE(message(j).find("profile: calibration.fits is for a calibration of 2 or more ranks"), std::string::npos)
+        << message(j);
+    j["calibration"].erase("fits");
+    EXPECT_EQ(message(j), "accepted");
+  }
 }
 
 TEST(PlannerUnits, ParseAndFormatBytes) {
