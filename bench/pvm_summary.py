@@ -26,21 +26,21 @@ KINDS = ["all_gather", "reduce_scatter", "all_reduce"]
 
 def pass_dirs(out):
     """The pass folders of a run (pass1, pass2, ... in order), or [out] for a one-pass run."""
-    dirs = sorted(glob.glob(os.path.join(out, "pass[0-9]*")), key=lambda d: int(os.path.basename(d)[4:]))
-    return dirs or [out]
+    dirs = [d for d in glob.glob(os.path.join(out, "pass*")) if re.fullmatch(r"pass\d+", os.path.basename(d))]
+    return sorted(dirs, key=lambda d: int(os.path.basename(d)[4:])) or [out]
 
 
 def rows(out):
-    """{(sort key): [cells of that row's line in each pass, in pass order]} over the passes of out."""
+    """{(sort key): {pass index: cells of that row's line in that pass}} over the passes of out."""
     found = {}
-    for d in pass_dirs(out):
+    for i, d in enumerate(pass_dirs(out)):
         for path in glob.glob(os.path.join(d, "table_*_n*_*.md")):
             m = re.match(r"table_(\w+?)_n(\d+)_(\w+)\.md", os.path.basename(path))
             preset, n, strategy = m.group(1), int(m.group(2)), m.group(3)
             for line in open(path):
                 if line.startswith(f"| {preset} |"):
                     key = (preset != "micro", n, STRATEGIES.index(strategy))
-                    found.setdefault(key, []).append(line.rstrip("\n").split("|")[1:-1])
+                    found.setdefault(key, {})[i] = line.rstrip("\n").split("|")[1:-1]
                     break
     return dict(sorted(found.items()))
 
@@ -49,10 +49,15 @@ def pct(cell):
     return float(cell.strip().rstrip("%"))
 
 
+def failed(cells):
+    """A row strategy_table.py could not run ("failed (see ...)")."""
+    return cells[3].strip().startswith("failed")
+
+
 def main():
     out = sys.argv[1]
     table = rows(out)
-    passes = max((len(v) for v in table.values()), default=1)
+    passes = len(pass_dirs(out))
     if passes == 1:
         header = ("| preset | N | strategy | state bytes/rank | planner | DESIGN formula | peak bytes/rank | planner peak "
                   "| peak err | comm bytes/step | planner | step s | planner step s | step err |")
@@ -65,28 +70,35 @@ def main():
     print(header)
     print("|" + "---|" * columns)
     peak_ok = step_ok = 0
-    pass_ok = [0] * passes
-    for runs in table.values():
-        worst = max(runs, key=lambda c: abs(pct(c[8])))
-        peak_ok += abs(pct(worst[8])) <= 5
+    pass_ok, pass_rows = [0] * passes, [0] * passes
+    for by_pass in table.values():
+        ran = {i: c for i, c in by_pass.items() if not failed(c)}
+        for i in by_pass:
+            pass_rows[i] += 1
+            pass_ok[i] += i in ran and abs(pct(ran[i][13])) <= 20
+        if not ran:  # every run of the row failed: not within, shown as strategy_table.py wrote it
+            print("|" + "|".join(next(iter(by_pass.values()))) + "|")
+            continue
+        worst = max(ran.values(), key=lambda c: abs(pct(c[8])))
+        peak_ok += len(ran) == len(by_pass) and abs(pct(worst[8])) <= 5
         if passes == 1:
             print("|" + "|".join(worst) + "|")
             step_ok += abs(pct(worst[13])) <= 20
             continue
-        measured = [float(c[11]) for c in runs]
-        planned = [float(c[12]) for c in runs]
-        err = 100.0 * (statistics.mean(planned) - statistics.mean(measured)) / statistics.mean(measured)
-        step_ok += abs(err) <= 20
-        for i, c in enumerate(runs):
-            pass_ok[i] += abs(pct(c[13])) <= 20
-        join = lambda xs: " / ".join(x.strip() for x in xs)
-        print("|" + "|".join(worst[:11]) + f"| {join(c[11] for c in runs)} | {join(c[12] for c in runs)} | "
-              f"{join(c[13] for c in runs)} | {statistics.mean(measured):.3f} | {statistics.mean(planned):.3f} | "
-              f"{err:+.1f}% |")
+        cell = lambda i, k: by_pass[i][k].strip() if i in ran else ("failed" if i in by_pass else "-")
+        measured = [float(c[11]) for c in ran.values()]
+        planned = [float(c[12]) for c in ran.values()]
+        # One run: its own error (the table's step times are rounded to 1 ms); several: their means.
+        err = (pct(next(iter(ran.values()))[13]) if len(ran) == 1 else
+               100.0 * (statistics.mean(planned) - statistics.mean(measured)) / statistics.mean(measured))
+        step_ok += len(ran) == len(by_pass) and abs(err) <= 20
+        join = lambda k: " / ".join(cell(i, k) for i in range(passes))
+        print("|" + "|".join(worst[:11]) + f"| {join(11)} | {join(12)} | {join(13)} | "
+              f"{statistics.mean(measured):.3f} | {statistics.mean(planned):.3f} | {err:+.1f}% |")
     print(f"\npeak within 5%: {peak_ok} of {len(table)}; step time within 20%: {step_ok} of {len(table)}", end="")
     if passes > 1:
         print(" (the passes' means); each pass alone: "
-              + ", ".join(f"{ok} of {len(table)}" for ok in pass_ok), end="")
+              + ", ".join(f"{ok} of {n}" for ok, n in zip(pass_ok, pass_rows)), end="")
     print("\n")
     print("| preset | N | model fwd+bwd fp32 GFLOP/s per rank (runs) | step update AdamW ns/elem at 256k / 16M "
           "| copies GB/s | all-gather / reduce-scatter / all-reduce link GB/s | shared-core factor AG / RS / AR "
