@@ -462,16 +462,19 @@ TEST(PlannerProfile, CalibratedSetupRoundTripsAndNotesAPlanForAnother) {
   }
 }
 
+// What profile_from_json says of `j`: its error's text, or "accepted".
+static std::string profile_message(const nlohmann::json& j) {
+  try {
+    fp::profile_from_json(j.dump());
+  } catch (const fsdp::Error& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
 // A bad field is named by its path in the file: a top-level field by its key alone.
 TEST(PlannerProfile, ErrorsNameTheFieldsPath) {
-  const auto message = [](const nlohmann::json& j) -> std::string {
-    try {
-      fp::profile_from_json(j.dump());
-    } catch (const fsdp::Error& e) {
-      return e.what();
-    }
-    return "accepted";
-  };
+  const auto& message = profile_message;
   const nlohmann::json good = nlohmann::json::parse(fp::profile_to_json(fp::builtin_profile("a100")));
   nlohmann::json j = good;
   j["memory_bytes"] = -1;
@@ -690,14 +693,7 @@ TEST(PlannerProfile, DurationFactorRoundTripsAndIsChecked) {
 }
 
 TEST(PlannerProfile, UnknownKeysAreRejectedAtEveryLevelAndEachNumberHasOneRange) {
-  const auto message = [](const nlohmann::json& j) -> std::string {
-    try {
-      fp::profile_from_json(j.dump());
-    } catch (const fsdp::Error& e) {
-      return e.what();
-    }
-    return "accepted";
-  };
+  const auto& message = profile_message;
   // A calibrated profile holds every level a file can have: calibration, its fits, their points,
   // the step update's points.
   fp::DeviceProfile p = fp::builtin_profile("a100");
