@@ -508,17 +508,19 @@ DeviceProfile profile_from_json(const std::string& text) {
     // A one-rank calibration measures no collective: it has no fits.
     FSDP_CHECK(p.has_collectives || !cal.contains("fits"), ErrorKind::kCorruptData, kProfileWhere,
                "profile: calibration.fits is for a calibration of 2 or more ranks (\"collectives\" is null here)");
-    const json& fits = p.has_collectives ? field<json>(cal, "fits", "calibration") : json();
-    only_known_keys(fits, "calibration.fits", {"all_gather", "reduce_scatter", "all_reduce"});
-    for (const char* kind : kKinds) {
-      if (!p.has_collectives) break;
-      CalibrationFit fit;
-      const json& e = field<json>(fits, kind, "calibration.fits");
-      only_known_keys(e, std::string("calibration.fits.") + kind, {"alpha_s", "beta_s_per_byte", "points_bytes_seconds"});
-      fit.alpha_s = non_negative(e, "alpha_s", std::string("calibration.fits.") + kind, kMaxSeconds);
-      fit.beta_s_per_byte = non_negative(e, "beta_s_per_byte", std::string("calibration.fits.") + kind, kMaxSeconds);
-      fit.points = calibration_points_from(e, std::string("calibration.fits.") + kind);
-      p.fits.push_back(fit);
+    if (p.has_collectives) {
+      const json& fits = field<json>(cal, "fits", "calibration");
+      only_known_keys(fits, "calibration.fits", {"all_gather", "reduce_scatter", "all_reduce"});
+      for (const char* kind : kKinds) {
+        const std::string where = std::string("calibration.fits.") + kind;
+        const json& e = field<json>(fits, kind, "calibration.fits");
+        only_known_keys(e, where, {"alpha_s", "beta_s_per_byte", "points_bytes_seconds"});
+        CalibrationFit fit;
+        fit.alpha_s = non_negative(e, "alpha_s", where, kMaxSeconds);
+        fit.beta_s_per_byte = non_negative(e, "beta_s_per_byte", where, kMaxSeconds);
+        fit.points = calibration_points_from(e, where);
+        p.fits.push_back(fit);
+      }
     }
   }
   FSDP_CHECK(p.has_collectives || p.calibration_world_size == 1, ErrorKind::kCorruptData, kProfileWhere,
