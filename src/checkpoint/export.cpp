@@ -12,6 +12,7 @@
 #include <set>
 
 #include "agreement.h"
+#include "param_views.h"
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/fully_shard.h"
 #include "fsdp/runtime/state_dict.h"
@@ -97,6 +98,7 @@ void import_full(const std::string& path, const std::shared_ptr<torch::nn::Modul
   Agreement agree(*group, "import_full '" + path + "'");
   std::map<std::string, at::Tensor> params, buffers;
   agree.run("reading and validating", [&] {
+    check_no_pending_gradients(root, who);
     std::map<std::string, at::Tensor> all;
     for (auto& [name, t] : read_torch_tensor_dict(path, who)) {
       FSDP_CHECK(all.emplace(name, t).second, ErrorKind::kCorruptData, who, "key '", name,

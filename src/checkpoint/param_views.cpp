@@ -7,8 +7,25 @@
 
 namespace fsdp::checkpoint {
 
+void check_no_pending_gradients(const std::shared_ptr<torch::nn::Module>& root, const ErrorContext& where) {
+  std::vector<std::string> pending;
+  for (const auto& u : units_of(root)) {
+    if (u->has_pending_grads()) pending.push_back("'" + u->name() + "'");
+  }
+  if (pending.empty()) return;
+  const std::string list = join_first(pending);
+  throw Error(ErrorKind::kState, where,
+              str_cat(pending.size() == 1 ? "unit " : "units ", list, pending.size() == 1 ? " holds" : " hold",
+                      " gradients accumulated with requires_gradient_sync(false) that no synced backward has "
+                      "reduced yet; a checkpoint holds parameters and optimizer state, not these gradients, so "
+                      "a run resumed from it (at any world size) would silently lose them. Checkpoint between "
+                      "steps: after the synced backward and the optimizer step (or drop them first: "
+                      "model->zero_grad())"));
+}
+
 std::vector<ParamView> param_views(const std::shared_ptr<torch::nn::Module>& root,
                                    const comm::ProcessGroup& g, const ErrorContext& where) {
+  check_no_pending_gradients(root, where);
   std::vector<ParamView> out;
   std::unordered_set<const void*> managed;
   for (const auto& sp : sharded_parameters(root)) {

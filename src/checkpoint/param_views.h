@@ -26,13 +26,18 @@ struct ParamView {
   bool writer = false;         ///< this rank writes the rows (false for replicas other than 0)
 };
 
+/// Throws fsdp::Error (kState, context `where`) naming the units under root that hold unreduced
+/// gradients (accumulated with requires_gradient_sync false): a checkpoint saved or loaded then
+/// would lose them silently. Not collective (the callers run it inside an Agreement phase).
+void check_no_pending_gradients(const std::shared_ptr<torch::nn::Module>& root, const ErrorContext& where);
+
 /// Every sharded parameter under root (fsdp::sharded_parameters order) with the rows this rank of
 /// `g` holds. Rows are indexed by the unit's shard_rank(): a unit sharded over g holds its shard's
 /// rows and, when replicated (no_shard, hybrid_shard), replica 0 writes them; a unit over a group
 /// of one rank holds every row and rank 0 of g writes them. Not collective.
 /// Throws fsdp::Error (context `where`): kUnsupported for a unit over a group of another size than
 /// g's or 1, or one that ranks g differently; kInvalidArgument for a parameter of root that no
-/// FSDP unit manages.
+/// FSDP unit manages; kState for unreduced gradients (check_no_pending_gradients).
 std::vector<ParamView> param_views(const std::shared_ptr<torch::nn::Module>& root,
                                    const comm::ProcessGroup& g, const ErrorContext& where);
 

@@ -74,7 +74,8 @@ std::string FlightRecorder::dump(const std::string& dir, int rank, int world_siz
     for (const auto& r : records()) {
       j["records"].push_back({{"group", r.group}, {"seq", r.seq}, {"kind", to_string(r.kind)},
                               {"dtype", r.dtype}, {"numel", r.numel}, {"bytes", r.bytes},
-                              {"unit", r.tag.unit}, {"phase", r.tag.phase}, {"issue_s", r.issue_s},
+                              {"unit", r.tag.unit}, {"phase", r.tag.phase},
+                              {"forward_pass", r.tag.forward_pass}, {"issue_s", r.issue_s},
                               {"start_s", r.start_s}, {"end_s", r.end_s}, {"state", to_string(r.state)},
                               {"error", r.error}});
     }

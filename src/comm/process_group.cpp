@@ -128,6 +128,17 @@ void ProcessGroup::worker_loop() {
   }
 }
 
+namespace {
+
+// FNV-1a, 64 bits: the same value on every host (std::hash may differ between libraries).
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
 std::string ProcessGroup::describe(const Signature& s) const {
   std::string d = to_string(static_cast<CollectiveKind>(s.kind));
   if (s.dtype >= 0) d += str_cat(" of ", s.numel, " ", dtype_name(static_cast<c10::ScalarType>(s.dtype)));
@@ -135,6 +146,7 @@ std::string ProcessGroup::describe(const Signature& s) const {
   if (s.root >= 0) d += str_cat(" from root ", s.root);
   if (s.unit[0]) d += str_cat(", unit '", s.unit, "'");
   if (s.phase[0]) d += str_cat(", ", s.phase);
+  if (s.forward_pass >= 0) d += str_cat(" (forward pass ", s.forward_pass, ")");
   return d;
 }
 
@@ -280,7 +292,10 @@ WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn, Work
                                ? -1
                                : static_cast<int32_t>(d.reduce_op);
   op.signature.root = d.root;
+  op.signature.forward_pass = -1;
   if (d.tag) {
+    op.signature.forward_pass = d.tag->forward_pass;
+    op.signature.unit_hash = fnv1a(d.tag->unit);
     std::strncpy(op.signature.unit, d.tag->unit.c_str(), sizeof(op.signature.unit) - 1);
     std::strncpy(op.signature.phase, d.tag->phase.c_str(), sizeof(op.signature.phase) - 1);
   }

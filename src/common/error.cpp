@@ -17,6 +17,13 @@ const char* to_string(ErrorKind kind) {
   return "?";
 }
 
+std::string join_first(const std::vector<std::string>& items, size_t shown) {
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < shown; ++i) out += (i ? ", " : "") + items[i];
+  if (items.size() > shown) out += str_cat(" and ", items.size() - shown, " more");
+  return out;
+}
+
 std::string error_prefix(const ErrorContext& where) {
   std::string s = where.rank >= 0 ? "[fsdp rank " + std::to_string(where.rank) + "]" : "[fsdp]";
   if (!where.unit.empty()) s += " unit '" + where.unit + "'";

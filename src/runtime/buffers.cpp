@@ -55,22 +55,30 @@ void broadcast_buffers(torch::nn::Module& root, comm::ProcessGroup& group) {
   }
 }
 
+// [Note: buffers] The module's code reads its buffer objects (members such as a BatchNorm's
+// running_mean), so the cast copy must be the data of that very object (set_data). An op may save
+// the object for backward with its version; so the stored tensor is held through variable_data()
+// (same storage, a version counter of its own): writing the statistics back into it bumps no
+// version autograd checks, and the object keeps the cast data until its backward has run
+// (restore at the end of backward, or at once in a forward without grad).
 void BufferCast::begin(const std::vector<at::Tensor>& buffers, c10::ScalarType dtype) {
+  if (active()) return;
   at::NoGradGuard no_grad;
   for (const auto& b : buffers) {
     if (!at::isFloatingType(b.scalar_type()) || b.scalar_type() == dtype) continue;
-    at::Tensor original = b.detach();  // shares the stored data
-    saved_.emplace_back(b, original);
-    b.set_data(original.to(dtype));
+    at::Tensor stored = b.variable_data();  // shares the stored data, not the version counter
+    saved_.emplace_back(b, stored);
+    b.set_data(stored.to(dtype));
   }
 }
 
-void BufferCast::end() {
+void BufferCast::sync_back() {
   at::NoGradGuard no_grad;
-  for (auto& [b, original] : saved_) {
-    original.copy_(b.detach());  // statistics updated in forward, rounded once back
-    b.set_data(original);
-  }
+  for (auto& [b, stored] : saved_) stored.copy_(b.variable_data());  // rounded once back
+}
+
+void BufferCast::restore() {
+  for (auto& [b, stored] : saved_) b.set_data(stored);
   saved_.clear();
 }
 

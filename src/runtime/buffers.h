@@ -22,17 +22,22 @@ std::vector<at::Tensor> unit_buffers(torch::nn::Module& module);
 /// `group`.
 void broadcast_buffers(torch::nn::Module& root, comm::ProcessGroup& group);
 
-/// A unit's floating-point buffers, computed with in `dtype` between begin() and end() while the
-/// stored buffers keep their own dtype: begin() points each buffer at a cast copy, end() writes
-/// the copy's values back (running statistics updated during forward) and restores the original.
+/// A unit's floating-point buffers, computed with in `dtype` while the stored buffers keep their
+/// own dtype ([Note: buffers] in buffers.cpp): begin() points each buffer object at a cast copy,
+/// sync_back() writes the copy's values (running statistics updated during forward) into the
+/// stored tensor, restore() points the buffer objects back at the stored tensors. The cast copies
+/// stay in place from the forward to the end of its backward, because autograd may have saved the
+/// buffer objects (an op that saves its operand for backward).
 class BufferCast {
  public:
+  /// No-op while active (a unit used again before its backward ended computes with the same copy).
   void begin(const std::vector<at::Tensor>& buffers, c10::ScalarType dtype);
-  void end();
+  void sync_back();
+  void restore();
   bool active() const { return !saved_.empty(); }
 
  private:
-  std::vector<std::pair<at::Tensor, at::Tensor>> saved_;  // (buffer object, its original data)
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved_;  // (buffer object, its stored data)
 };
 
 /// The first module of `module`'s subtree (no nested unit) that keeps running statistics

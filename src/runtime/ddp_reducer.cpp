@@ -71,11 +71,11 @@ struct GradAccumulatedHook : torch::autograd::FunctionPostHook {
 }  // namespace
 
 DdpReducer::DdpReducer(std::vector<FSDPParam>& params, comm::ProcessGroupPtr group,
-                       c10::ScalarType reduce_dtype, int64_t cap_bytes, std::string unit_name)
+                       c10::ScalarType reduce_dtype, int64_t cap_bytes, TagFn tag)
     : params_(params),
       group_(std::move(group)),
       reduce_dtype_(reduce_dtype),
-      unit_name_(std::move(unit_name)),
+      tag_(std::move(tag)),
       plan_(trainable_numels(params), cap_bytes / static_cast<int64_t>(c10::elementSize(reduce_dtype))),
       buffers_(plan_.num_buckets()),
       works_(plan_.num_buckets()),
@@ -83,10 +83,8 @@ DdpReducer::DdpReducer(std::vector<FSDPParam>& params, comm::ProcessGroupPtr gro
       hooked_nodes_(params.size(), nullptr) {}
 
 std::shared_ptr<DdpReducer> DdpReducer::create(std::vector<FSDPParam>& params, comm::ProcessGroupPtr group,
-                                               c10::ScalarType reduce_dtype, int64_t cap_bytes,
-                                               std::string unit_name) {
-  return std::shared_ptr<DdpReducer>(
-      new DdpReducer(params, std::move(group), reduce_dtype, cap_bytes, std::move(unit_name)));
+                                               c10::ScalarType reduce_dtype, int64_t cap_bytes, TagFn tag) {
+  return std::shared_ptr<DdpReducer>(new DdpReducer(params, std::move(group), reduce_dtype, cap_bytes, std::move(tag)));
 }
 
 // [Note: reducer hooks] A parameter's AccumulateGrad node records the tensor's shape, dtype and
@@ -105,7 +103,7 @@ void DdpReducer::ensure_hooks() {
     auto current = torch::autograd::impl::try_get_grad_accumulator(p.module_param);
     if (current && current.get() == hooked_nodes_[i]) continue;
     auto acc = torch::autograd::impl::grad_accumulator(p.module_param);
-    FSDP_CHECK(acc, ErrorKind::kInvalidArgument, (ErrorContext{group_->rank(), unit_name_, "forward"}),
+    FSDP_CHECK(acc, ErrorKind::kInvalidArgument, where("forward"),
                "parameter '", p.fqn, "' has no gradient accumulator");
     acc->add_post_hook(std::make_unique<GradAccumulatedHook>(weak_from_this(), i));
     hooked_nodes_[i] = acc.get();
@@ -122,7 +120,7 @@ void DdpReducer::on_grad_accumulated(int i) {
   }
   bool twice = false;
   std::vector<size_t> ready = plan_.mark_ready(i, &twice);
-  FSDP_CHECK(!twice, ErrorKind::kState, (ErrorContext{group_->rank(), unit_name_, "backward"}),
+  FSDP_CHECK(!twice, ErrorKind::kState, where("backward"),
              "gradient of '", params_[i].fqn,
              "' was accumulated twice in one backward pass; no_shard reduces each parameter's "
              "gradient once per backward (its bucket may already be on the wire)");
@@ -141,7 +139,7 @@ void DdpReducer::issue(size_t b) {
     off += n;
     const at::Tensor& g = p.module_param.grad();
     if (g.defined()) {
-      FSDP_CHECK(g.numel() == n, ErrorKind::kInvalidArgument, (ErrorContext{group_->rank(), unit_name_, "backward"}),
+      FSDP_CHECK(g.numel() == n, ErrorKind::kInvalidArgument, where("backward"),
                  expected_actual("gradient shape of '" + p.fqn + "'", shard::shape_to_string(p.shape), g.sizes()));
       dst.copy_(g.reshape({n}));
     } else {
@@ -150,7 +148,7 @@ void DdpReducer::issue(size_t b) {
     p.module_param.mutable_grad() = at::Tensor();  // free the unsharded gradient
   }
   buffers_[b] = buffer;
-  works_[b] = group_->all_reduce(buffer, comm::ReduceOp::kAvg, comm::OpTag{unit_name_, "backward"});
+  works_[b] = group_->all_reduce(buffer, comm::ReduceOp::kAvg, tag_("backward"));
 }
 
 void DdpReducer::finish(bool issue_rest) {
@@ -175,13 +173,18 @@ void DdpReducer::finish(bool issue_rest) {
   deferred_ = false;
 }
 
-void DdpReducer::abandon() {
+void DdpReducer::abandon() noexcept {
   for (auto& w : works_) {
     try {
       if (w) w->wait();
     } catch (...) {
     }
+    w.reset();
   }
+  for (auto& b : buffers_) b = at::Tensor();
+  plan_.reset();
+  touched_ = false;
+  deferred_ = false;
 }
 
 }  // namespace fsdp::detail

@@ -4,11 +4,13 @@
 
 #include <ATen/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "fsdp/comm/process_group.h"
+#include "fsdp/common/check.h"
 #include "fsdp/runtime/fsdp_param.h"
 
 namespace fsdp::detail {
@@ -53,10 +55,12 @@ class BucketPlan {
 /// by ensure_hooks ([Note: reducer hooks] in ddp_reducer.cpp).
 class DdpReducer : public std::enable_shared_from_this<DdpReducer> {
  public:
+  /// The tag of the unit's collectives in `phase` (its name and the tree's forward pass, read when
+  /// a bucket is issued).
+  using TagFn = std::function<comm::OpTag(const char* phase)>;
   /// params: the unit's params (outlives the reducer); group: the replicate group (all ranks).
   static std::shared_ptr<DdpReducer> create(std::vector<FSDPParam>& params, comm::ProcessGroupPtr group,
-                                            c10::ScalarType reduce_dtype, int64_t cap_bytes,
-                                            std::string unit_name);
+                                            c10::ScalarType reduce_dtype, int64_t cap_bytes, TagFn tag);
   /// Whether the hooks reduce now (the unit syncs gradients and belongs to a tree).
   void set_armed(bool armed) { armed_ = armed; }
   /// Hooks the AccumulateGrad node each trainable param has now, unless it is the one hooked
@@ -77,18 +81,21 @@ class DdpReducer : public std::enable_shared_from_this<DdpReducer> {
   /// gradient on this rank contribute zeros); waits for every issued bucket and adds it into the
   /// sharded grads; starts a new backward. Blocking.
   void finish(bool issue_rest);
-  /// Waits for buckets in flight without using their results (destruction).
-  void abandon();
+  /// Waits for buckets in flight without using their results (errors ignored), then starts a new
+  /// backward with nothing ready: a failed backward's gradients are dropped (also at destruction).
+  /// Never throws.
+  void abandon() noexcept;
 
  private:
   DdpReducer(std::vector<FSDPParam>& params, comm::ProcessGroupPtr group, c10::ScalarType reduce_dtype,
-             int64_t cap_bytes, std::string unit_name);
+             int64_t cap_bytes, TagFn tag);
+  ErrorContext where(const char* op) const { return ErrorContext{group_->rank(), tag_("").unit, op}; }
   void issue(size_t b);
 
   std::vector<FSDPParam>& params_;
   comm::ProcessGroupPtr group_;
   c10::ScalarType reduce_dtype_;
-  std::string unit_name_;
+  TagFn tag_;
   BucketPlan plan_;
   std::vector<at::Tensor> buffers_;      // per bucket, while issued
   std::vector<comm::WorkPtr> works_;     // per bucket, while issued

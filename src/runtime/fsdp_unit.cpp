@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <functional>
+#include <unordered_set>
 
 #include "autograd_hooks.h"
 #include "buffers.h"
@@ -84,12 +86,13 @@ FSDPUnit::FSDPUnit(std::shared_ptr<torch::nn::Module> module, std::string name,
   init_shards();
   if (traits_->grad_sync == detail::GradSync::kBuckets) {
     reducer_ = detail::DdpReducer::create(params_, replicate_group_, reduce_dtype_,
-                                          options_.bucket_cap_bytes.value_or(kDefaultBucketCapBytes), name_);
+                                          options_.bucket_cap_bytes.value_or(kDefaultBucketCapBytes),
+                                          [this](const char* phase) { return tag(phase); });
   }
 }
 
 FSDPUnit::~FSDPUnit() {
-  if (buffer_cast_ && buffer_cast_->active()) buffer_cast_->end();
+  if (buffer_cast_ && buffer_cast_->active()) buffer_cast_->restore();
   // Never leave a collective writing into freed buffers.
   try {
     if (gather_ && gather_->work) gather_->work->wait();
@@ -101,6 +104,10 @@ FSDPUnit::~FSDPUnit() {
 
 ErrorContext FSDPUnit::where(const std::string& op) const {
   return ErrorContext{group_ ? group_->rank() : -1, name_, op};
+}
+
+comm::OpTag FSDPUnit::tag(const char* phase) const {
+  return comm::OpTag{name_, phase, scheduler_ ? scheduler_->forward_pass() : -1};
 }
 
 bool FSDPUnit::is_root() const { return scheduler_ && scheduler_->is_root(this); }
@@ -204,7 +211,8 @@ void FSDPUnit::follow_requires_grad() {
   build_reduce_layout();
   if (reducer_) {
     reducer_ = detail::DdpReducer::create(params_, replicate_group_, reduce_dtype_,
-                                          options_.bucket_cap_bytes.value_or(kDefaultBucketCapBytes), name_);
+                                          options_.bucket_cap_bytes.value_or(kDefaultBucketCapBytes),
+                                          [this](const char* phase) { return tag(phase); });
     reducer_->set_armed(requires_gradient_sync_ && scheduler_ != nullptr);
   }
 }
@@ -225,7 +233,7 @@ void FSDPUnit::reduce_pending_grads() {
   }
   reduce_ = std::make_unique<detail::ReduceScatterResult>(detail::foreach_reduce_scatter(
       params_, reduce_index_, reduce_layout_, *shard_group_, replicate_group_.get(), reduce_dtype_,
-      comm::OpTag{name_, "backward (accumulated)"}));
+      tag("backward (accumulated)")));
 }
 
 void FSDPUnit::set_requires_gradient_sync(bool sync) {
@@ -242,7 +250,7 @@ void FSDPUnit::unshard_async(const char* phase) {
   }
   gather_ = std::make_unique<detail::AllGatherResult>(
       traits_->gathers_params ? detail::foreach_all_gather(sharded_flat_, *shard_group_, param_dtype_,
-                                                           comm::OpTag{name_, phase})
+                                                           tag(phase))
                               : detail::local_cast(sharded_flat_, param_dtype_));
   sharded_state_ = ShardedState::kUnsharding;
 }
@@ -320,7 +328,7 @@ std::vector<at::Tensor> FSDPUnit::pre_forward(std::vector<at::Tensor> inputs) {
     try {
       unshard("backward (recompute)");
     } catch (...) {
-      pop_activity();  // post_forward will not run
+      abort_forward();  // post_forward will not run; the failed backward puts the tree back
       throw;
     }
   } else {
@@ -333,17 +341,21 @@ std::vector<at::Tensor> FSDPUnit::pre_forward(std::vector<at::Tensor> inputs) {
     // [Note: root and final callback] The first unit called with no forward in progress is the
     // root of its tree: lazy init binds every unit below it to one Scheduler.
     if (!scheduler_) lazy_init_root();
+    check_params_registered();
     if (is_root()) {
-      scheduler_->begin_forward(where("forward"));
-      if (options_.sync_buffers && module_raw_->is_training()) detail::broadcast_buffers(*module_raw_, *group_);
+      scheduler_->begin_forward(where("forward"), at::GradMode::is_enabled());
     } else {
       FSDP_CHECK(scheduler_->in_forward(), ErrorKind::kState, where("forward"),
                  "called outside the forward of its root unit; call the root module through fsdp::call");
     }
-    follow_requires_grad();
+    // [Note: failed steps] From here on an exception puts the unit (the root: the tree) back.
     training_state_ = TrainingState::kForward;
     push_activity(Activity{name_.c_str(), "forward"});
     try {
+      if (is_root() && options_.sync_buffers && module_raw_->is_training()) {
+        detail::broadcast_buffers(*module_raw_, *group_);
+      }
+      follow_requires_grad();
       forward_index_ = scheduler_->record_use(this);
       if (region) {
         region->uses.push_back({weak_from_this(), forward_index_});
@@ -353,30 +365,38 @@ std::vector<at::Tensor> FSDPUnit::pre_forward(std::vector<at::Tensor> inputs) {
       unshard("forward");
       if (options_.forward_prefetch) scheduler_->prefetch_next(forward_index_);
     } catch (...) {
-      pop_activity();  // post_forward will not run (e.g. the memory budget refused the gather)
+      abort_forward();  // e.g. the memory budget refused the gather
       throw;
     }
   }
-  const auto& mp = options_.mixed_precision;
-  if (mp.buffer_dtype) {
-    if (!buffer_cast_) buffer_cast_ = std::make_unique<detail::BufferCast>();
-    buffer_cast_->begin(detail::unit_buffers(*module_raw_), *mp.buffer_dtype);
-  }
-  if (mp.param_dtype && mp.cast_forward_inputs) {
-    for (auto& x : inputs) {
-      if (x.defined() && at::isFloatingType(x.scalar_type()) && x.scalar_type() != param_dtype_) {
-        x = x.to(param_dtype_);
+  try {
+    const auto& mp = options_.mixed_precision;
+    if (mp.buffer_dtype) {
+      if (!buffer_cast_) buffer_cast_ = std::make_unique<detail::BufferCast>();
+      buffer_cast_->begin(detail::unit_buffers(*module_raw_), *mp.buffer_dtype);
+    }
+    if (mp.param_dtype && mp.cast_forward_inputs) {
+      for (auto& x : inputs) {
+        if (x.defined() && at::isFloatingType(x.scalar_type()) && x.scalar_type() != param_dtype_) {
+          x = x.to(param_dtype_);
+        }
       }
     }
+    return register_post_backward(*this, std::move(inputs));
+  } catch (...) {
+    abort_forward();
+    throw;
   }
-  return register_post_backward(*this, std::move(inputs));
 }
 
 std::vector<at::Tensor> FSDPUnit::post_forward(std::vector<at::Tensor> outputs) {
   FSDP_CHECK(training_state_ == TrainingState::kForward, ErrorKind::kState, where("forward"),
              "post-forward in state ", to_string(training_state_), ", expected FORWARD");
   const bool grad = at::GradMode::is_enabled();
-  if (buffer_cast_ && buffer_cast_->active()) buffer_cast_->end();
+  if (buffer_cast_ && buffer_cast_->active()) {
+    buffer_cast_->sync_back();
+    if (!grad) buffer_cast_->restore();  // no backward will read the cast copies
+  }
   // A recomputed use keeps its params: its nested backward follows at once.
   const bool recomputing = detail::replaying_region() != nullptr;
   if (!grad || (reshard_after_forward() && !is_root() && !recomputing)) reshard();
@@ -393,11 +413,57 @@ std::vector<at::Tensor> FSDPUnit::post_forward(std::vector<at::Tensor> outputs) 
 }
 
 void FSDPUnit::abort_forward() {
-  if (training_state_ != TrainingState::kForward) return;
-  if (buffer_cast_ && buffer_cast_->active()) buffer_cast_->end();
+  const bool in_forward = training_state_ == TrainingState::kForward;
+  if (in_forward) pop_activity();
+  // The root's forward may also fail after its post-forward began (the output cast refused by a
+  // memory budget): its tree is still in forward.
+  if (is_root() && scheduler_->in_forward()) {
+    scheduler_->abort_forward();  // the whole tree, this unit included
+    return;
+  }
+  if (!in_forward) return;
+  // A unit below the root: its caller may catch the error and go on with the root's forward.
+  if (buffer_cast_ && buffer_cast_->active()) buffer_cast_->sync_back();
+  if (sharded_state_ == ShardedState::kUnsharding || (reshard_after_forward() && detail::replaying_region() == nullptr)) {
+    reset_after_error(/*drop_grads=*/false);
+  }
   training_state_ = TrainingState::kIdle;
-  pop_activity();
-  if (is_root() && scheduler_->in_forward()) scheduler_->end_forward(/*grad_enabled=*/false);
+}
+
+void FSDPUnit::reset_after_error(bool drop_grads) noexcept {
+  // [Note: failed steps] in scheduler.cpp. Every step here is safe to repeat and never throws.
+  if (buffer_cast_ && buffer_cast_->active()) buffer_cast_->restore();
+  if (drop_grads) {
+    if (reduce_) {
+      for (const auto& w : {reduce_->work, reduce_->replica_work}) {
+        try {
+          if (w) w->wait();  // never free a buffer a collective reads or writes
+        } catch (...) {
+        }
+      }
+      reduce_.reset();
+      if (scheduler_) scheduler_->on_reduce_scatter_finished(this);
+    }
+    if (reducer_) reducer_->abandon();
+    for (auto& p : params_) p.module_param.mutable_grad() = at::Tensor();
+    backward_active_ = false;
+  }
+  if (sharded_state_ == ShardedState::kUnsharding) {
+    // An all-gather in flight, or a copy-out that failed part way (its params may hold storage
+    // that on_unsharded never counted).
+    try {
+      if (gather_ && gather_->work) gather_->work->wait();
+    } catch (...) {
+    }
+    gather_.reset();
+    if (!params_alias_ && !traits_->lazy_gather) {
+      for (auto& p : params_) p.free_unsharded();
+    }
+    sharded_state_ = ShardedState::kSharded;
+  } else {
+    reshard();
+  }
+  training_state_ = TrainingState::kIdle;
 }
 
 void FSDPUnit::pre_backward(int64_t forward_index) {
@@ -424,12 +490,17 @@ void FSDPUnit::post_backward() {
     finish_reduce_scatter();  // a unit used twice: its first reduce-scatter lands first
     reduce_ = std::make_unique<detail::ReduceScatterResult>(detail::foreach_reduce_scatter(
         params_, reduce_index_, reduce_layout_, *shard_group_, replicate_group_.get(), reduce_dtype_,
-        comm::OpTag{name_, "backward"}));
+        tag("backward")));
     scheduler_->on_reduce_scatter_issued(this);
   }
   reshard();
   training_state_ = TrainingState::kIdle;
   exchange_activity(Activity{nullptr, "backward"});
+}
+
+void FSDPUnit::end_of_backward() {
+  if (buffer_cast_ && buffer_cast_->active()) buffer_cast_->restore();
+  reshard();
 }
 
 void FSDPUnit::finish_reduce_scatter() {
@@ -477,7 +548,51 @@ int64_t FSDPUnit::unsharded_grad_bytes() const {
   return n;
 }
 
+void FSDPUnit::check_params_registered() const {
+  std::unordered_set<const c10::TensorImpl*> managed;
+  for (const auto& p : params_) managed.insert(p.module_param.unsafeGetTensorImpl());
+  std::unordered_set<const c10::TensorImpl*> seen;
+  std::vector<std::string> added;
+  std::function<void(torch::nn::Module&, const std::string&, bool)> visit =
+      [&](torch::nn::Module& m, const std::string& prefix, bool top) {
+        if (!top && find_unit(&m)) return;  // a nested unit checks its own
+        for (const auto& item : m.named_parameters(/*recurse=*/false)) {
+          const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+          if (seen.insert(impl).second && !managed.count(impl)) added.push_back(prefix + item.key());
+        }
+        for (const auto& child : m.named_children()) {
+          if (child.key() != detail::kStateChildName) visit(*child.value(), prefix + child.key() + ".", false);
+        }
+      };
+  visit(*module_raw_, "", true);
+  if (added.empty() && seen.size() == managed.size()) return;
+  std::vector<std::string> gone;
+  for (const auto& p : params_) {
+    if (!seen.count(p.module_param.unsafeGetTensorImpl())) gone.push_back(p.fqn);
+  }
+  auto list = [](std::vector<std::string> names) {
+    for (auto& n : names) n = "'" + n + "'";
+    return join_first(names);
+  };
+  std::string what;
+  if (!added.empty()) {
+    what = str_cat("parameter ", list(added), " of the unit's module ", added.size() == 1 ? "was" : "were",
+                   " registered after fully_shard (an adapter added, or a submodule replaced, after wrapping): the unit "
+                   "does not manage ", added.size() == 1 ? "it" : "them", ", so the forward would use ",
+                   added.size() == 1 ? "it" : "them", " but no gradient would be reduced, sharded or trained");
+  }
+  if (!gone.empty()) {
+    what += str_cat(what.empty() ? "" : "; ", "parameter ", list(gone), " that the unit manages ",
+                    gone.size() == 1 ? "is" : "are", " no longer registered on its module (replaced or removed after "
+                    "fully_shard)");
+  }
+  throw Error(ErrorKind::kInvalidArgument, where("forward"),
+              what + ". Change the module before sharding it: build the model, add the adapters and freeze the base "
+              "(requires_grad false), then fully_shard / fully_shard_tree (docs/training_loops.md, \"Adapters\")");
+}
+
 void FSDPUnit::lazy_init_root() {
+  detail::name_units_by_path(*module_raw_);
   std::vector<std::shared_ptr<FSDPUnit>> units{shared_from_this()};
   const int bound = options_.max_unsharded_units.value_or(kDefaultMaxUnshardedUnits);
   for (const auto& u : units_of(module_.lock())) {

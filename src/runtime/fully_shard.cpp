@@ -204,7 +204,29 @@ std::vector<std::shared_ptr<FSDPUnit>> units_of(const std::shared_ptr<torch::nn:
   return out;
 }
 
+namespace detail {
+
+void name_units_by_path(torch::nn::Module& root) {
+  std::unordered_set<const torch::nn::Module*> seen;
+  std::function<void(torch::nn::Module&, const std::string&)> visit = [&](torch::nn::Module& m,
+                                                                        const std::string& path) {
+    if (!seen.insert(&m).second) return;  // a module registered twice keeps its first path
+    if (auto u = find_unit(&m)) {
+      const std::string name = path.empty() ? "root" : path;
+      if (u->name_ != name) u->name_ = name;
+    }
+    for (const auto& c : m.named_children()) {
+      if (c.key() != kStateChildName) visit(*c.value(), path.empty() ? c.key() : path + "." + c.key());
+    }
+  };
+  visit(root, "");
+}
+
+}  // namespace detail
+
 std::vector<ShardedParameter> sharded_parameters(const std::shared_ptr<torch::nn::Module>& root) {
+  // A unit's root names the tree's units by their paths (plain fully_shard named them by type).
+  if (root && find_unit(root.get())) detail::name_units_by_path(*root);
   // Names from root: the unit's module qualified name + the param's name inside it.
   std::unordered_map<const torch::nn::Module*, std::string> prefix;
   std::function<void(const torch::nn::Module&, const std::string&)> visit =
@@ -237,20 +259,35 @@ void wait_for_pending(const std::shared_ptr<torch::nn::Module>& root) {
 
 namespace detail {
 
+namespace {
+
+// True when an ATen error message speaks of an empty tensor (a shape [0], a size 0, a 1-D weight
+// where 2-D is expected): what reading another unit's resharded parameter produces, as in
+// "size mismatch, got input (4), mat (4x8), vec (0)" or "'weight' must be 2-D".
+bool mentions_empty_tensor(const std::string& what) {
+  for (const char* s : {"(0)", "[0]", "size 0", ", 0]", "must be 2-D", "out of range", "out of bounds",
+                        "at least"}) {
+    if (what.find(s) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void rethrow_forward_error(FSDPUnit& unit) {
   const std::exception_ptr error = std::current_exception();
-  unit.abort_forward();
-  bool from_libtorch = false;
   std::string what;
   try {
     std::rethrow_exception(error);
   } catch (const c10::Error& e) {
-    from_libtorch = true;
     what = e.what_without_backtrace();
   } catch (...) {
   }
+  // Only a libtorch error that speaks of an empty tensor may come from reading another unit's
+  // parameter outside its forward (resharded, it holds an empty tensor); any other error, the
+  // user's own checks included, reaches the caller as it was thrown.
   std::vector<std::string> held;
-  if (from_libtorch && unit.scheduler()) {
+  if (!what.empty() && mentions_empty_tensor(what) && unit.scheduler()) {
     for (const auto& u : unit.scheduler()->units()) {
       if (u.get() == &unit) continue;
       for (const auto& p : u->params()) {
@@ -258,19 +295,17 @@ void rethrow_forward_error(FSDPUnit& unit) {
       }
     }
   }
+  unit.abort_forward();
   if (held.empty()) std::rethrow_exception(error);
-  std::string list;
-  for (size_t i = 0; i < held.size() && i < 6; ++i) list += (i ? ", " : "") + held[i];
-  if (held.size() > 6) list += str_cat(" and ", held.size() - 6, " more");
+  const std::string list = join_first(held);
   const std::string first_line = what.substr(0, what.find('\n'));
   throw Error(ErrorKind::kInvalidArgument, unit.where("forward"),
-              "the forward failed while parameters of other units held no data (outside its own "
-              "forward a unit's parameters are resharded, shape [0]): " + list +
-              ". A module that reads another unit's parameter directly (e.g. an output head tied to an "
-              "embedding that is a unit of its own) must let one unit own both modules (do not wrap the "
-              "inner one), or shard the inner unit with reshard_after_forward=false, which keeps its "
-              "parameters gathered from its forward to the end of its backward (its unsharded bytes for "
-              "that span). libtorch said: " + first_line);
+              first_line + " (libtorch). The error speaks of an empty tensor while parameters of other units "
+              "held no data (outside its own forward a unit's parameters are resharded, shape [0]): " + list +
+              ". If the forward reads another unit's parameter directly (e.g. an output head tied to an "
+              "embedding that is a unit of its own), let one unit own both modules (do not wrap the inner "
+              "one), or shard the inner unit with reshard_after_forward=false, which keeps its parameters "
+              "gathered from its forward to the end of its backward (its unsharded bytes for that span)");
 }
 
 }  // namespace detail

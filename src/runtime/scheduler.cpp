@@ -23,9 +23,10 @@ std::vector<std::shared_ptr<FSDPUnit>> Scheduler::units() const {
   return alive;
 }
 
-void Scheduler::begin_forward(const ErrorContext& where) {
+void Scheduler::begin_forward(const ErrorContext& where, bool grad_enabled) {
   FSDP_CHECK(!in_forward_, ErrorKind::kState, where, "root forward re-entered");
   in_forward_ = true;
+  if (grad_enabled) ++forward_pass_;
   forward_order_.clear();
 }
 
@@ -46,6 +47,30 @@ void Scheduler::end_forward(bool grad_enabled) {
     // Inference: nothing stays gathered (prefetched units that were not used included).
     for (const auto& u : units()) u->reshard();
   }
+}
+
+// [Note: failed steps] An exception inside a step (user code in a unit's forward or a backward
+// hook, a memory budget refusing a gather, a failed collective) must leave the model usable: the
+// loop catches it, skips the batch and goes on. A forward that throws unwinds through fsdp::call
+// of every unit it entered; each puts its unit back to IDLE, and the root's puts the whole tree
+// back (abort_forward). A backward that throws never runs the end-of-backward callback, and the
+// engine drops the callback with its graph: the callback's guard then runs abort_backward, before
+// backward() rethrows to the caller. The failed batch's gradients that had not reached the shards
+// are dropped; those already added to the sharded gradients are there as in a plain model's
+// .grad, and the loop's optimizer.zero_grad() drops them (docs/training_loops.md). The ranks must
+// fail in the same step (the usual case: the same batch on every rank); a rank that fails alone
+// is caught by the collective check at its next collective (forward_pass).
+void Scheduler::abort_forward() {
+  in_forward_ = false;
+  for (const auto& u : units()) u->reset_after_error(/*drop_grads=*/false);
+}
+
+void Scheduler::abort_backward() {
+  callback_queued_ = false;
+  for (const auto& u : units()) u->reset_after_error(/*drop_grads=*/true);
+  last_reduce_scatter_.reset();
+  unsynced_since_sync_ = false;  // no unsharded gradient is left on any unit
+  exchange_activity(Activity{});
 }
 
 void Scheduler::prefetch_previous(int64_t index) {
@@ -70,12 +95,30 @@ void Scheduler::prefetch(const std::weak_ptr<FSDPUnit>& which, const char* phase
   unit->unshard_async(phase);
 }
 
+namespace {
+
+// Owned by the end-of-backward callback (its copies share it): when the engine drops the callback
+// without running it to its end (the backward failed, or the callback itself threw), the guard's
+// destruction puts the tree back ([Note: failed steps]).
+struct BackwardGuard {
+  std::weak_ptr<Scheduler> scheduler;
+  bool finished = false;
+  explicit BackwardGuard(std::weak_ptr<Scheduler> s) : scheduler(std::move(s)) {}
+  ~BackwardGuard() {
+    if (finished) return;
+    if (auto s = scheduler.lock()) s->abort_backward();
+  }
+};
+
+}  // namespace
+
 void Scheduler::ensure_final_callback() {
   if (callback_queued_) return;
   callback_queued_ = true;
-  std::weak_ptr<Scheduler> self = weak_from_this();
-  torch::autograd::Engine::get_default_engine().queue_callback([self] {
-    if (auto s = self.lock()) s->final_callback();
+  auto guard = std::make_shared<BackwardGuard>(weak_from_this());
+  torch::autograd::Engine::get_default_engine().queue_callback([guard] {
+    if (auto s = guard->scheduler.lock()) s->final_callback();
+    guard->finished = true;
   });
 }
 
@@ -122,7 +165,7 @@ void Scheduler::reduce_accumulated(const std::vector<std::shared_ptr<FSDPUnit>>&
 
 void Scheduler::final_callback() {
   callback_queued_ = false;
-  const ActivityScope activity(nullptr, "end of backward");
+  exchange_activity(Activity{nullptr, "end of backward"});
   // Units whose post-backward hook could not run (their inputs need no gradient, e.g. the root
   // taking token ids) reduce here.
   const auto alive = units();
@@ -131,8 +174,9 @@ void Scheduler::final_callback() {
   }
   reduce_accumulated(alive);
   for (const auto& u : alive) u->finish_reduce_scatter();
-  for (const auto& u : alive) u->reshard();
+  for (const auto& u : alive) u->end_of_backward();
   last_reduce_scatter_.reset();
+  exchange_activity(Activity{});  // the backward is over (the root's pre-backward marked it)
 }
 
 }  // namespace fsdp::detail

@@ -29,9 +29,10 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   int max_unsharded_units() const { return max_unsharded_units_; }
 
   // -- forward --
-  /// The root's forward starts: clears this forward's order. Throws fsdp::Error (kState, at
-  /// `where`) when the root's forward is re-entered.
-  void begin_forward(const ErrorContext& where);
+  /// The root's forward starts: clears this forward's order and, when grad_enabled, counts a
+  /// training forward (forward_pass()). Throws fsdp::Error (kState, at `where`) when the root's
+  /// forward is re-entered.
+  void begin_forward(const ErrorContext& where, bool grad_enabled);
   bool in_forward() const { return in_forward_; }
   /// Records a unit's use in this forward; returns its index in the forward order.
   int64_t record_use(FSDPUnit* unit);
@@ -39,10 +40,24 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   void prefetch_next(int64_t index);
   /// The root's forward ends; with grad disabled every unit is resharded (inference).
   void end_forward(bool grad_enabled);
+  /// The root's forward threw ([Note: failed steps]): every unit back to IDLE and resharded (an
+  /// all-gather in flight is waited for first), buffer casts undone, gradients kept. Never throws.
+  void abort_forward();
+  /// Training forwards of this tree so far (root forwards run with grad enabled). Every collective
+  /// of the tree carries it into the collective check, so a rank that ran one training forward
+  /// more or fewer than its peers (it skipped a failed batch alone) fails at its next collective
+  /// instead of pairing with another step's.
+  int64_t forward_pass() const { return forward_pass_; }
 
   // -- backward --
-  /// Queues the end-of-backward callback on the autograd engine, once per backward pass.
+  /// Queues the end-of-backward callback on the autograd engine, once per backward pass. When the
+  /// backward fails instead (an exception in any node, hook or reduction), the engine drops the
+  /// callback without running it, and dropping it runs abort_backward.
   void ensure_final_callback();
+  /// A backward of this tree failed ([Note: failed steps]): waits for the reductions in flight and
+  /// drops their results, drops every unsharded gradient (the failed batch's, and any accumulated
+  /// with requires_gradient_sync false), puts every unit back to IDLE and resharded. Never throws.
+  void abort_backward();
   /// Backward prefetch: issues the all-gather of the unit used before `index` in this forward.
   void prefetch_previous(int64_t index);
   /// `unit` issued its reduce-scatter: the previous unit's is finished (one in flight at a time
@@ -75,6 +90,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   Units forward_order_;       // uses in this forward, in order
   Units last_forward_order_;  // uses in the last finished forward
   bool in_forward_ = false;
+  int64_t forward_pass_ = 0;
   bool callback_queued_ = false;
   bool unsynced_since_sync_ = false;  // a backward ran with sync off since the last synced one
   std::weak_ptr<FSDPUnit> last_reduce_scatter_;

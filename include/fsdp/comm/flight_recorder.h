@@ -11,11 +11,15 @@
 
 namespace fsdp::comm {
 
-/// What a collective is for: the FSDP unit and the phase. Carried into the cross-rank check, the
-/// flight recorder and error messages; empty for plain collectives.
+/// What a collective is for: the FSDP unit, the phase and the training forward it belongs to.
+/// Carried into the cross-rank check, the flight recorder and error messages; empty for plain
+/// collectives.
 struct OpTag {
-  std::string unit;   ///< FSDP unit name ("" when none)
+  std::string unit;   ///< FSDP unit name, its path in the model ("" when none)
   std::string phase;  ///< "forward", "backward", "optimizer", "checkpoint", ... ("" when none)
+  /// The unit's tree's training forward this collective belongs to (1, 2, ...; the count of root
+  /// forwards run with grad enabled), -1 outside a tree's step.
+  int64_t forward_pass = -1;
 };
 
 /// Where a collective stands on this rank.

@@ -54,10 +54,11 @@ struct ProcessGroupOptions {
 /// rank runs its ops inline (a local copy or nothing) and completes them before returning.
 ///
 /// [Note: collective check] Before an op moves any data, the ranks exchange a fixed-size
-/// description of it (sequence number, kind, dtype, numel, reduction, root, tag); when any rank's
+/// description of it (sequence number, kind, dtype, numel, reduction, root, tag: unit, phase and
+/// forward pass); when any rank's
 /// differs, no data moves and the op fails on every rank with fsdp::Error (kind kMismatch) naming
 /// the sequence number, each side's op, unit and phase, and the ranks that disagree, instead of
-/// pairing wrong buffers or aborting inside MPI. Always on; cost: one all-gather of 120 bytes per
+/// pairing wrong buffers or aborting inside MPI. Always on; cost: one all-gather of 136 bytes per
 /// rank per op (docs/architecture.md, "Collectives").
 ///
 /// Tensors: contiguous, on the backend's device (the CPU for MPI and threads), at most the
@@ -162,6 +163,8 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
     int64_t numel;
     int32_t reduce_op;
     int32_t root;
+    int64_t forward_pass;  // OpTag::forward_pass
+    uint64_t unit_hash;    // of the whole unit name (unit[] holds its first 63 bytes, for errors)
     char unit[64];
     char phase[24];
   };

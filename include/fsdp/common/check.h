@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace fsdp {
 
@@ -78,6 +79,9 @@ Error make_error(ErrorKind kind, ErrorContext where, const Args&... args) {
   return Error(kind, std::move(where), str_cat(args...));
 }
 }  // namespace detail
+
+/// The first `shown` items joined with ", ", then " and K more" for the rest (lists in errors).
+std::string join_first(const std::vector<std::string>& items, size_t shown = 6);
 
 /// "WHAT: expected E, got A".
 template <typename E, typename A>

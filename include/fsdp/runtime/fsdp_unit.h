@@ -34,6 +34,8 @@ class DdpReducer;
 struct StrategyTraits;
 struct AllGatherResult;
 struct ReduceScatterResult;
+/// Names every unit of root's tree by its path from root ("root" for root itself). Internal.
+void name_units_by_path(torch::nn::Module& root);
 }  // namespace detail
 
 /// The state machine of one FSDP unit: SHARDED -> (unshard: all-gather) -> UNSHARDED -> (reshard:
@@ -58,7 +60,14 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   FSDPUnit(const FSDPUnit&) = delete;
   FSDPUnit& operator=(const FSDPUnit&) = delete;
 
+  /// The unit's path in its model ("h.3", "experts.1"; "root" for the tree's root module). Units
+  /// made by fully_shard_tree are named so at once; plain fully_shard names a unit by its module's
+  /// type until its root's first forward (or sharded_parameters(root)) names the tree's units by
+  /// their paths. Collectives, errors, the flight recorder, traces and checkpoints use it.
   const std::string& name() const { return name_; }
+  /// The tag of this unit's collectives in `phase`: name(), phase and the tree's forward pass
+  /// (-1 before the tree's first forward). Not collective.
+  comm::OpTag tag(const char* phase) const;
   /// A number unique to this unit in the process, never reused.
   uint64_t id() const { return id_; }
   /// "rank R, unit NAME, op OP" for errors.
@@ -100,7 +109,8 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   /// Makes the params usable: issues the all-gather if needed, waits, copies the output into the
   /// params' unsharded storage. Blocks. Throws fsdp::Error if the all-gather failed.
   void unshard(const char* phase = "unshard");
-  /// Frees the unsharded storage (resize to 0 bytes). Params keep their shapes but hold no data.
+  /// Frees the unsharded storage (resize to 0 bytes): the module's params then hold empty tensors
+  /// (shape [0]) until the next unshard; FSDPParam::shape keeps each one's unsharded shape.
   void reshard();
   /// The shards were written outside the unit's own steps (a state dict or checkpoint load):
   /// drops any unsharded copy, so the next use all-gathers the current rows. Waits for an
@@ -117,9 +127,19 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   std::vector<at::Tensor> pre_forward(std::vector<at::Tensor> inputs);
   std::vector<at::Tensor> post_forward(std::vector<at::Tensor> outputs);
   void pre_backward(int64_t forward_index);
-  /// The forward between pre_forward and post_forward threw: back to IDLE (the root also ends its
-  /// tree's forward and reshards), so the program may run the model again.
+  /// The forward between pre_forward and post_forward threw: back to IDLE (the root puts its whole
+  /// tree back: Scheduler::abort_forward), so the program may run the model again. No-op unless
+  /// the unit is in FORWARD or is the root of a tree still in forward. Throws nothing of its own.
   void abort_forward();
+  /// [Note: failed steps] (src/runtime/scheduler.cpp): back to IDLE and resharded after an
+  /// exception in the step. Waits for an all-gather in flight; with drop_grads (a failed
+  /// backward) also waits for the gradient reductions in flight and drops their results and every
+  /// unsharded gradient. Buffers cast for compute go back to their stored dtype. Not collective;
+  /// never throws (errors of the collectives waited for are the failed step's, already reported).
+  void reset_after_error(bool drop_grads) noexcept;
+  /// End of a backward of the tree (its final callback): buffers cast for compute go back to their
+  /// stored dtype, and the unit reshards.
+  void end_of_backward();
   void post_backward();
   /// Waits for this unit's in-flight gradient reduction and adds its result to the sharded grads:
   /// the reduce-scatter (plus, for hybrid_shard, the all-reduce across replicas, blocking); for
@@ -165,6 +185,10 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   void build_reduce_layout();
   void follow_requires_grad();
   void lazy_init_root();
+  // Throws fsdp::Error (kInvalidArgument) when the module's subtree registers a parameter the
+  // unit does not manage (added or replaced after fully_shard) or no longer registers one it does.
+  void check_params_registered() const;
+  friend void detail::name_units_by_path(torch::nn::Module& root);
   bool reshard_after_forward() const;
   bool params_fresh() const;  // lazy gather: the full params hold the current sharded rows
 

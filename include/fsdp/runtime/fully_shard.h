@@ -23,8 +23,13 @@ namespace fsdp {
 ///
 /// The unit owns every parameter of module's subtree that no already-created unit owns (create
 /// nested units first: fully_shard_tree does). Each rank keeps rows [r*c, r*c + real_rows) of every
-/// parameter's dim 0 (c = ceil(d0 / world size)); the module's parameters keep their shapes but hold
-/// no data until the unit is unsharded. Shared (tied) parameters inside one unit are managed once.
+/// parameter's dim 0 (c = ceil(d0 / world size)). While the unit is resharded (outside its forward
+/// and backward under full_shard; between steps under shard_grad_op and hybrid_shard) the module's
+/// parameter objects hold empty tensors, shape [0], no data; unsharded they hold their full shapes.
+/// The unsharded shape of each is FSDPParam::shape (sharded_parameters(root)[i].param->shape).
+/// no_shard and zero1 keep full parameters, shapes included. Shared (tied) parameters inside one
+/// unit are managed once. The module must not gain, lose or replace parameters afterwards (an
+/// adapter is added before sharding): the next forward throws fsdp::Error naming them.
 ///
 /// Collective and blocking: all ranks of `group` call it for the same modules in the same order with
 /// the same parameter names and shapes (checked: a mismatch throws fsdp::Error naming the parameter
@@ -36,6 +41,8 @@ namespace fsdp {
 /// `group` into sub-groups on first use (collective: same order on all ranks, which the rule above
 /// guarantees), cached per (group, size) and shared by all units. Strategies may differ per unit,
 /// but all units of one tree must use the same `group` (checked at the first forward).
+/// The unit is named module->name() (its type) until its root's first forward names every unit of
+/// the tree by its path in the model (FSDPUnit::name()); fully_shard_tree names them so at once.
 /// Throws fsdp::Error for an invalid option (hybrid_shard_group_size not dividing the group size,
 /// reshard_after_forward=true with kNoShard/kZero1, bucket_cap_bytes <= 0, options that differ
 /// across ranks), a module already wrapped, or a parameter owned by another unit (a parameter
@@ -83,6 +90,8 @@ struct ShardedParameter {
   FSDPUnit* unit;
   const FSDPParam* param;
 };
+/// Every unit's params under root, units in module pre-order. When root is a unit, names the
+/// units of its tree by their paths first (as its first forward does). Not collective.
 std::vector<ShardedParameter> sharded_parameters(const std::shared_ptr<torch::nn::Module>& root);
 /// Just the tensors of sharded_parameters(root) (for torch::optim constructors).
 std::vector<at::Tensor> parameters(const std::shared_ptr<torch::nn::Module>& root);
@@ -188,6 +197,12 @@ auto call_unit(FSDPUnit& unit, Holder& m, std::index_sequence<I...> seq, Args&&.
 /// `module` is a ModuleHolder (torch::nn::Linear), a std::shared_ptr<Impl> or an Impl*.
 /// Supported with units: at::Tensor arguments (others pass through), results at::Tensor or
 /// std::vector<at::Tensor>. Blocking where the all-gather has not completed yet.
+/// An exception from the module's forward (or from the unit's own gather, e.g. fsdp::OutOfMemory
+/// under a memory budget) reaches the caller as thrown, after the unit (at the root: the whole
+/// tree) is back to IDLE and resharded, so the loop may skip the batch and call the model again
+/// ([Note: failed steps], docs/training_loops.md). A libtorch error that speaks of an empty tensor
+/// while other units are resharded becomes an fsdp::Error that starts with libtorch's message and
+/// adds the likely cause (a parameter of another unit read outside that unit's forward).
 template <typename Holder, typename... Args>
 auto call(Holder&& module, Args&&... args) {
   auto unit = find_unit(detail::module_ptr(module));
