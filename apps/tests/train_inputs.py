@@ -5,6 +5,9 @@
 
 Every failure is exit 2 (usage) or 1 (runtime) with one line "fsdp-train: error: ..." from rank 0,
 no MPI_ABORT banner and no backtrace:
+  * ranks launched with different settings (MPMD: model shape, optimizer, schedule, clipping,
+    batch geometry, strategy, precision, seed, data): exit 2 before step 1, one line naming the
+    setting and each side's value;
   * flags out of range (readable bounds), --sample-top-k above the vocabulary, an empty
     --sample-prompt, --export / --metrics / --trace in a missing directory, --save on a full or
     too small file system (a tmpfs mounted here when root; else skipped with the reason): all
@@ -12,8 +15,9 @@ no MPI_ABORT banner and no backtrace:
   * a NaN loss injected on rank 1 at step 2 (FSDP_TRAIN_INJECT_NONFINITE): exit 1 naming step 2
     and rank 1, checkpoint of step 1 only; --on-nonfinite skip trains on;
   * edited manifests (chunk_rows -1 and 0), edited counters (step -3, lr_step), another
-    --global-batch-size, and a damaged newest checkpoint when resuming its directory (refused,
-    naming the older one);
+    --global-batch-size or --beta1 / --beta2 / --weight-decay than the checkpoint's (refused, naming
+    both values), and a damaged newest checkpoint when resuming its directory (refused, naming the
+    older one);
   * --import of torch.save(model.state_dict()) with a "module." prefix (an OrderedDict with
     _metadata) loads the weights exactly; a .npz, random bytes and a dict of non-tensors are
     refused in one line.
@@ -54,6 +58,50 @@ def expect_error(p, code, *needles):
     if not ok:
         sys.stderr.write(out[-3000:])
     check(ok, "exit %d, one line with %s: %r" % (p.returncode, needles, lines[0][:300] if lines else ""))
+
+
+def run_mpmd(args_a, args_b, n_each, opts):
+    """Ranks 0..n_each-1 launched with args_a, the next n_each with args_b (as a wrong hostfile, a
+    per-node config file or a stale environment does), each on the TINY model."""
+    base = [opts.bin, "--data-dir", opts.data_dir] + TINY + ["--steps", "2"]
+    cmd = (["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n_each)] + base + args_a +
+           [":", "-n", str(n_each)] + base + args_b)
+    t0 = time.time()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=90)
+    print("  n=%d %.1fs rc=%d: %s | %s" % (2 * n_each, time.time() - t0, p.returncode, " ".join(args_a),
+                                          " ".join(args_b)), flush=True)
+    return p
+
+
+def test_rank_settings(opts, tmp):
+    """One family of settings per launch differs between the two halves of the ranks: every rank
+    exits 2 before step 1 with one line naming the setting and each half's value."""
+    text = os.path.join(opts.data_dir, "corpus", "train.txt")
+    a, b = os.path.join(tmp, "a.txt"), os.path.join(tmp, "b.txt")
+    with open(text, "rb") as f:
+        head = f.read(200000)
+    for path, content in ((a, head), (b, b"Amen. " + head[6:])):  # the same size, other words first
+        with open(path, "wb") as f:
+            f.write(content)
+    cases = [  # (family, args of the first half, of the second half, the flag named, values shown)
+        ("model shape", ["--n-head", "2"], ["--n-head", "4"], "--n-head", ("'2'", "'4'")),
+        ("optimizer", ["--lr", "0.001"], ["--lr", "0.002"], "--lr", ("'0.001'", "'0.002'")),
+        ("optimizer", ["--beta1", "0.9"], ["--beta1", "0.8"], "--beta1", ("'0.9'", "'0.8'")),
+        ("schedule", ["--min-lr", "1e-4"], ["--min-lr", "2e-4"], "--min-lr", ("'0.0001'", "'0.0002'")),
+        ("clipping", [], ["--grad-clip", "0.5"], "--grad-clip", ("'1'", "'0.5'")),
+        ("batch geometry", [], ["--micro-batch-size", "1"], "--micro-batch-size", ("'0'", "'1'")),
+        ("strategy", [], ["--strategy", "no_shard"], "--strategy", ("'full_shard'", "'no_shard'")),
+        ("precision", [], ["--mixed-precision", "bf16"], "--mixed-precision", ("'fp32'", "'bf16'")),
+        ("seed", ["--seed", "1"], ["--seed", "2"], "--seed", ("'1'", "'2'")),
+        ("data identity", ["--data", a], ["--data", b], "--data (training tokens)", ("tokens, fnv1a",)),
+    ]
+    for i, (family, args_a, args_b, flag, shown) in enumerate(cases):
+        for n_each in ((1, 2) if i % 3 == 0 else (1,)):
+            p = run_mpmd(args_a, args_b, n_each, opts)
+            ranks = ("rank 0 ", "rank 1 ") if n_each == 1 else ("ranks 0, 1 ", "ranks 2, 3 ")
+            expect_error(p, 2, "ranks disagree on " + flag + ":", *ranks, *shown)
+            check("step 1/" not in p.stdout, family + ": a step ran")
 
 
 def edit_manifest(ckpt_dir, fn):
@@ -163,6 +211,11 @@ def test_nonfinite_and_resume(opts, tmp):
     shutil.copytree(step1 + ".orig", step1)
     expect_error(run(["--steps", "3", "--resume", step1, "--global-batch-size", "8"], 2, opts), 2,
                  "says --global-batch-size 4", "this run has 8")
+    # A resumed AdamW keeps the options it was saved with: a flag that differs is refused, never
+    # ignored (it used to train bit-identically to a resume without it).
+    for flag, value, saved in (("--beta1", "0.5", "0.9"), ("--beta2", "0.9", "0.95"), ("--weight-decay", "0.01", "0.1")):
+        expect_error(run(["--steps", "3", "--resume", step1, flag, value], 2, opts), 2,
+                     "says %s %s" % (flag, saved), "this run has %s" % value)
 
     newest = os.path.join(ck2, "step-000000003")
     edit_manifest(newest, lambda j: j["tensors"]["model/wte.weight"]["shards"][0].update(chunk_rows=0))
@@ -219,6 +272,7 @@ def main():
     try:
         t0 = time.time()
         test_flags(opts, tmp)
+        test_rank_settings(opts, tmp)
         test_disk_full(opts, tmp)
         full = test_nonfinite_and_resume(opts, tmp)
         test_import(opts, tmp, full)

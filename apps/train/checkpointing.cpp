@@ -59,6 +59,7 @@ Resumed resume(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& m
   });
   r.load_s = seconds_since(t0);
   r.progress = validated_progress(c, r.path, st, optimizer, model);
+  check_resumed_optimizer_options(c, r.path, optimizer);
   if (auto it = st.tensors.find("rng"); it != st.tensors.end()) {
     fsdp::checkpoint::set_cpu_rng_state(it->second);
   }

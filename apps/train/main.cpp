@@ -15,6 +15,7 @@
 //   checkpointing.*   --resume, --save, --export, --import.
 //   resume_checks.*   the TrainState counters of --resume, checked before use.
 //   preflight.*       before step 1: output paths writable with room, sample settings.
+//   rank_agreement.*  before step 1: the settings and the token streams are the same on every rank.
 //   nonfinite.*       the per-step NaN/inf check (--on-nonfinite stop|skip).
 //   value_bounds.*    bounds of the numeric flags, with readable messages.
 //   reporting.*       lr schedule, console, JSON-lines events, Chrome trace.
@@ -37,6 +38,7 @@
 #include "train/dry_run.h"
 #include "train/errors.h"
 #include "train/failures.h"
+#include "train/rank_agreement.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
@@ -54,6 +56,9 @@ int main(int argc, char** argv) {
     flight_recorder_dir = options.flight_recorder_dir;
     agree_s = std::min(agree_s, options.timeout_s);
     fsdp::comm::ProcessGroupPtr world = fsdp::comm::mpi_world(options);
+    // Before anything else: every rank was launched with the same settings.
+    apps::train::check_ranks_agree(apps::train::shared_settings(*config), *world,
+                                   "launch every rank with the same flags and config file");
     if (config->dry_run) {
       if (world->size() > 1) {
         throw apps::train::UsageError("--dry-run simulates --world-size ranks in one process: run it without mpirun");

@@ -1,7 +1,10 @@
 // The TrainState checks of --resume (resume_checks.h).
 #include "train/resume_checks.h"
 
+#include <torch/optim/adamw.h>
+
 #include <cmath>
+#include <cstdio>
 
 #include "fsdp/common/check.h"
 #include "fsdp/optim/optimizer_state.h"
@@ -72,6 +75,28 @@ TrainProgress validated_progress(const TrainConfig& c, const std::string& path,
     }
   }
   return p;
+}
+
+void check_resumed_optimizer_options(const TrainConfig& c, const std::string& path,
+                                     const torch::optim::Optimizer& optimizer) {
+  const auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&groups[g].options());
+    if (!o) continue;
+    const double want_wd = g == 0 ? c.weight_decay : 0.0;  // make_optimizer: decay, then no-decay
+    const std::pair<const char*, std::pair<double, double>> fields[] = {
+        {"--beta1", {std::get<0>(o->betas()), c.beta1}},
+        {"--beta2", {std::get<1>(o->betas()), c.beta2}},
+        {"--weight-decay", {o->weight_decay(), want_wd}},
+    };
+    for (const auto& [flag, values] : fields) {
+      if (values.first == values.second) continue;
+      char buf[160];
+      std::snprintf(buf, sizeof(buf), "says %s %.10g, this run has %.10g", flag, values.first, values.second);
+      throw UsageError("--resume " + path + ": the checkpoint's optimizer " + buf + ": resume with the same " +
+                       flag + " (a resumed AdamW keeps the options it was saved with)");
+    }
+  }
 }
 
 }  // namespace apps::train

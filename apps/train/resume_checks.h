@@ -29,4 +29,13 @@ TrainProgress validated_progress(const TrainConfig& c, const std::string& path,
                                  const torch::optim::Optimizer& optimizer,
                                  const std::shared_ptr<torch::nn::Module>& model);
 
+/// The AdamW options a resumed optimizer took from checkpoint `path` (load_sharded restores each
+/// group's options, as torch's Optimizer::load_state_dict does) against this run's flags: --beta1,
+/// --beta2 and --weight-decay (the decay group's; the other group's is 0) must equal the
+/// checkpoint's, or the flags would be ignored silently (the learning rate follows the schedule
+/// of --lr each step and may change). Throws UsageError naming the flag, the checkpoint's value
+/// and this run's. No collective.
+void check_resumed_optimizer_options(const TrainConfig& c, const std::string& path,
+                                     const torch::optim::Optimizer& optimizer);
+
 }  // namespace apps::train

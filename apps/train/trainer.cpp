@@ -38,6 +38,7 @@
 #include "train/nonfinite.h"
 #include "train/op_profile.h"
 #include "train/preflight.h"
+#include "train/rank_agreement.h"
 #include "train/reporting.h"
 
 namespace apps::train {
@@ -145,6 +146,8 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   {
     const fsdp::ActivityScope activity(nullptr, "loading data");
     corpus_ = load_corpus(cfg_, *tokenizer_, *group_, console_);
+    check_ranks_agree(data_settings(*corpus_.train, *corpus_.val), *group_,
+                      "every rank must read the same text with the same tokenizer: --data, --data-dir");
     train_sampler_.emplace(make_sampler(corpus_.train, cfg_, rank_, world_, "training"));
     val_sampler_.emplace(make_sampler(corpus_.val, cfg_, rank_, world_, "validation"));
     // A validation pass covers the set at most once: batches past its end would repeat windows.
