@@ -1,4 +1,5 @@
 #include "data/tokenizer.h"
+#include "fsdp/common/hash.h"
 
 #include <sentencepiece_processor.h>
 
@@ -9,15 +10,6 @@
 namespace apps::data {
 
 namespace {
-uint64_t fnv1a(const std::string& bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 int32_t piece_id_or_minus_one(const sentencepiece::SentencePieceProcessor& sp, const char* piece) {
   int id = sp.PieceToId(piece);
   return (id == sp.unk_id() || sp.IdToPiece(id) != piece) ? -1 : id;
@@ -32,7 +24,7 @@ Tokenizer::Tokenizer(const std::string& model_path)
                              "' (run scripts/prepare_data.sh to train one)");
   }
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  model_hash_ = fnv1a(bytes);
+  model_hash_ = fsdp::fnv1a64(bytes);
   auto status = sp_->LoadFromSerializedProto(bytes);
   if (!status.ok()) {
     throw std::runtime_error("tokenizer: cannot load SentencePiece model '" + model_path +

@@ -153,6 +153,15 @@ def write_libtorch_adamw(path, groups, state):
     root.save(path)
 
 
+def write_manifest(path, man):
+    """Writes manifest dict `man` (without its seal) to path, sealed as a save does: the first
+    member "manifest_crc32" holds the CRC-32 of the rest ([Note: manifest seal], docs/checkpoints.md)."""
+    import zlib
+    body = json.dumps({k: v for k, v in man.items() if k != "manifest_crc32"}, indent=1)
+    with open(path, "w") as f:
+        f.write('{"manifest_crc32": "0x%08x",' % zlib.crc32(body.encode()) + body[1:])
+
+
 def checkpoint_as_plain_run(ckpt, weights_out, optimizer_out):
     """A plain run's files from a sharded checkpoint of fsdp-train: its weights (torch.save of a
     dict) and its AdamW (a libtorch archive) with fsdp-train's param groups, decay then no-decay,
@@ -201,8 +210,7 @@ def test_import_optimizer(opts, tmp, ck, full_pt):
     for k in ("step", "lr_step", "sampler_pos"):
         man["train_state"]["ints"][k] = 0
     man["train_state"]["ints"]["optimizer_step_offset"] = 3  # AdamW's 3 steps came before step 0
-    with open(os.path.join(reset, "manifest.json"), "w") as f:
-        json.dump(man, f)
+    write_manifest(os.path.join(reset, "manifest.json"), man)
     w3, o3 = os.path.join(tmp, "w3.pt"), os.path.join(tmp, "adamw3.pt")
     checkpoint_as_plain_run(src, w3, o3)
     m_r, m_p, m_w = (os.path.join(tmp, x) for x in ("ro.jsonl", "po.jsonl", "wo.jsonl"))

@@ -8,19 +8,25 @@ no MPI_ABORT banner and no backtrace:
   * ranks launched with different settings (MPMD: model shape, optimizer, schedule, clipping,
     batch geometry, strategy, precision, seed, data): exit 2 before step 1, one line naming the
     setting and each side's value;
+  * ids rewritten in a token cache: rebuilt from the text (its ids' checksum), saying why, the
+    same step-1 loss;
   * flags out of range (readable bounds), --sample-top-k above the vocabulary, an empty
     --sample-prompt, --export / --metrics / --trace in a missing directory, --save on a full or
     too small file system (a tmpfs mounted here when root; else skipped with the reason): all
     refused before step 1; --eval-batches past the validation set capped at the set, with one line;
+  * --flight-recorder-dir /proc/fsdp_fr, --config naming a directory or nothing, a model larger than
+    the machine's memory: refused before step 1; --metrics and --trace on a full disk: one warning
+    each naming the file and errno, no partial file, training to the end;
   * a NaN loss injected on rank 1 at step 2 (FSDP_TRAIN_INJECT_NONFINITE): exit 1 naming step 2
     and rank 1, checkpoint of step 1 only; --on-nonfinite skip trains on;
-  * edited manifests (chunk_rows -1 and 0), edited counters (step -3, lr_step), another
+  * edited manifests (chunk_rows -1 and 0), edited counters (step -3, lr_step), the optimizer's
+    options and a counter edited by hand (refused by the manifest's seal), another
     --global-batch-size or --beta1 / --beta2 / --weight-decay than the checkpoint's (refused, naming
     both values), and a damaged newest checkpoint when resuming its directory (refused, naming the
     older one);
   * --import of torch.save(model.state_dict()) with a "module." prefix (an OrderedDict with
-    _metadata) loads the weights exactly; a .npz, random bytes and a dict of non-tensors are
-    refused in one line.
+    _metadata) loads the weights exactly; a .npz, random bytes, a dict of non-tensors, a flipped
+    byte inside a tensor record (its CRC-32) and a file saved without CRCs are refused in one line.
 Exit 0: pass; 77: skipped (no data / no mpirun); anything else: fail.
 """
 import argparse
@@ -34,7 +40,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_e2e import TINY, check, events  # noqa: E402
+from train_e2e import TINY, check, events, write_manifest  # noqa: E402
 
 
 def run(args, n, opts, env=None):
@@ -58,6 +64,29 @@ def expect_error(p, code, *needles):
     if not ok:
         sys.stderr.write(out[-3000:])
     check(ok, "exit %d, one line with %s: %r" % (p.returncode, needles, lines[0][:300] if lines else ""))
+
+
+def test_token_cache(opts, tmp):
+    """Ids rewritten inside a token cache (*.tok) are not trained on: the cache fails its ids'
+    checksum, is rebuilt from the text (one line says why), and step 1 has the loss of a run on the
+    untouched cache."""
+    text = os.path.join(tmp, "cache-text.txt")
+    with open(os.path.join(opts.data_dir, "corpus", "train.txt"), "rb") as f, open(text, "wb") as g:
+        g.write(f.read(300000))
+    loss = re.compile(r"step 1/1 \| loss ([0-9.]+)")
+    first = run(["--steps", "1", "--data", text], 2, opts)
+    check(first.returncode == 0 and "tokenized" in first.stdout, "the first run builds the cache")
+    caches = [f for f in os.listdir(tmp) if f.startswith("cache-text.txt.") and f.endswith(".tok")]
+    check(len(caches) == 1, "one token cache beside the text: %s" % caches)
+    with open(os.path.join(tmp, caches[0]), "r+b") as f:
+        f.seek(56 + 2 * 1000)  # the header, then uint16 ids: rewrite ids 1000..1003
+        f.write(bytes([7, 0, 7, 0, 7, 0, 7, 0]))
+    again = run(["--steps", "1", "--data", text], 2, opts)
+    check(again.returncode == 0 and "its ids do not match their checksum" in again.stdout,
+          "a rewritten cache is rebuilt, saying why: %r" % again.stdout[-400:])
+    a, b = loss.search(first.stdout), loss.search(again.stdout)
+    check(a is not None and b is not None and a.group(1) == b.group(1),
+          "the same step-1 loss as on the untouched cache: %s vs %s" % (a and a.group(1), b and b.group(1)))
 
 
 def run_mpmd(args_a, args_b, n_each, opts):
@@ -104,13 +133,19 @@ def test_rank_settings(opts, tmp):
             check("step 1/" not in p.stdout, family + ": a step ran")
 
 
-def edit_manifest(ckpt_dir, fn):
+def edit_manifest(ckpt_dir, fn, seal=True):
+    """Edits manifest.json with fn, sealed again as a save does (train_e2e.write_manifest), or,
+    with seal=False, as a hand edit leaves it: the old seal in front of the new body."""
     path = os.path.join(ckpt_dir, "manifest.json")
     with open(path) as f:
         m = json.load(f)
+    old = m.pop("manifest_crc32")
     fn(m)
-    with open(path, "w") as f:
-        json.dump(m, f)
+    if seal:
+        write_manifest(path, m)
+    else:
+        with open(path, "w") as f:
+            f.write('{"manifest_crc32": "%s",' % old + json.dumps(m, indent=1)[1:])
 
 
 def test_flags(opts, tmp):
@@ -135,6 +170,17 @@ def test_flags(opts, tmp):
         p = run(["--steps", "2", "--metrics", m, "--flight-recorder-dir", bad], 2, opts)
         expect_error(p, 2, "flight recorder", why)
         check(not events(m, "step"), "--flight-recorder-dir %s: refused before step 1" % bad)
+    # Permission bits do not tell (root may "write" /proc): the check makes a probe directory.
+    if os.path.isdir("/proc") and os.geteuid() == 0:
+        expect_error(run(["--steps", "2", "--flight-recorder-dir", "/proc/fsdp_fr"], 2, opts), 2,
+                     "flight recorder", "cannot be created in '/proc'")
+    expect_error(run(["--steps", "2", "--config", tmp], 1, opts), 2, "--config", "is a directory")
+    expect_error(run(["--steps", "2", "--config", os.path.join(tmp, "none.toml")], 1, opts), 2,
+                 "--config", "does not exist")
+    # Sizes from flags are checked against memory before anything of that size is allocated (it
+    # used to end in a 34 GB alloc_cpu failure and a backtrace).
+    expect_error(run(["--steps", "1", "--n-embd", "1048576", "--n-head", "1"], 2, opts), 2,
+                 "needs at least", "this machine's memory")
     fr = os.path.join(tmp, "new", "fr")
     p = run(["--steps", "1", "--metrics", m, "--flight-recorder-dir", fr], 2, opts)
     check(p.returncode == 0 and not os.path.exists(fr),
@@ -170,6 +216,25 @@ def test_disk_full(opts, tmp):
                 pass
         expect_error(run(["--steps", "2", "--export", os.path.join(mnt, "x.pt")], 1, opts), 2,
                      "--export", "cannot write a file there")
+        # Output on the full disk: one warning naming the file and errno each, no half-written
+        # file, training to the end (exit 0).
+        os.remove(os.path.join(mnt, "fill"))
+        m = os.path.join(mnt, "m.jsonl")
+        with open(os.path.join(mnt, "fill"), "wb") as f:  # leave less than a run's metrics
+            try:
+                while os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize > 12288:
+                    f.write(b"\0" * 4096)
+                    f.flush()
+            except OSError:
+                pass
+        p = run(["--steps", "30", "--metrics", m, "--trace", os.path.join(mnt, "t.json"),
+                 "--flight-recorder-dir", os.path.join(tmp, "fr-full")], 2, opts)
+        out = p.stdout + p.stderr
+        check(p.returncode == 0 and "step 30/30" in p.stdout, "a full disk under --metrics: trained to the end")
+        check(out.count("--metrics '%s'" % m) == 1 and "No space left on device" in out,
+              "the metrics failure said once, with errno: %r" % out[-600:])
+        check("--trace '%s' could not be written" % os.path.join(mnt, "t.json") in out and
+              not os.path.exists(os.path.join(mnt, "t.json")), "the trace failure said, no file left")
     finally:
         subprocess.run(["umount", mnt])
 
@@ -207,6 +272,18 @@ def test_nonfinite_and_resume(opts, tmp):
         shutil.copytree(step1 + ".orig", step1)
         edit_manifest(step1, fn)
         expect_error(run(["--steps", "3", "--resume", step1], 2, opts), code, "--resume", needle)
+    # The same fields edited by hand (not sealed again), the optimizer's options included: the
+    # manifest's seal refuses them before any is used (they used to resume with other losses).
+    for what, fn in (("beta1", lambda j: j["optimizer"]["groups"][0]["options"]["beta1"].update(
+                         value=0.5, bits="0x3fe0000000000000")),
+                     ("weight_decay", lambda j: j["optimizer"]["groups"][0]["options"]["weight_decay"].update(
+                         value=0.0, bits="0x0")),
+                     ("lr_step", lambda j: j["train_state"]["ints"].update(lr_step=5))):
+        shutil.rmtree(step1)
+        shutil.copytree(step1 + ".orig", step1)
+        edit_manifest(step1, fn, seal=False)
+        expect_error(run(["--steps", "3", "--resume", step1], 2, opts), 1, "--resume",
+                     "manifest.json' does not match its seal")
     shutil.rmtree(step1)
     shutil.copytree(step1 + ".orig", step1)
     expect_error(run(["--steps", "3", "--resume", step1, "--global-batch-size", "8"], 2, opts), 2,
@@ -252,8 +329,31 @@ def test_import(opts, tmp, full):
         f.write(os.urandom(4096))
     other = os.path.join(tmp, "other.pt")
     torch.save({"a": 1, "b": [1, 2]}, other)
-    for path, needle in ((npz, "not a torch.save file"), (junk, "not a zip archive"),
-                         (other, "dict entry: expected str -> tensor")):
+    # A flipped byte inside a tensor's record: refused by the record's CRC-32 (it used to load).
+    import zipfile
+    flipped = os.path.join(tmp, "flipped.pt")
+    shutil.copy(wrapped, flipped)
+    with zipfile.ZipFile(flipped) as z:
+        rec = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    with open(flipped, "r+b") as f:
+        f.seek(rec.header_offset + 26)
+        name_len, extra_len = (int.from_bytes(f.read(2), "little") for _ in range(2))
+        at = rec.header_offset + 30 + name_len + extra_len + rec.file_size // 2
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x04]))
+    cases = [(npz, "not a torch.save file"), (junk, "not a zip archive"),
+             (other, "dict entry: expected str -> tensor"), (flipped, "does not match its CRC-32")]
+    if hasattr(torch.serialization, "set_crc32_options"):  # a file without CRCs is refused, not trusted
+        no_crc = os.path.join(tmp, "no_crc.pt")
+        torch.serialization.set_crc32_options(False)
+        try:
+            torch.save(od, no_crc)
+        finally:
+            torch.serialization.set_crc32_options(True)
+        cases.append((no_crc, "carries no CRC-32"))
+    for path, needle in cases:
         expect_error(run(["--steps", "1", "--import", path], 2, opts), 1, "--import", needle)
 
 
@@ -273,6 +373,7 @@ def main():
         t0 = time.time()
         test_flags(opts, tmp)
         test_rank_settings(opts, tmp)
+        test_token_cache(opts, tmp)
         test_disk_full(opts, tmp)
         full = test_nonfinite_and_resume(opts, tmp)
         test_import(opts, tmp, full)

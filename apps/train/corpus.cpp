@@ -53,12 +53,15 @@ Corpus load_corpus(const TrainConfig& c, const data::Tokenizer& tok,
   }
   auto load = [&](const std::string& path) {
     bool built = false;
+    std::string why, cache_error;
     auto t0 = Clock::now();
-    auto d = data::TokenDataset::load_or_build(path, tok, &built);
+    auto d = data::TokenDataset::load_or_build(path, tok, &built, &why, &cache_error);
     if (built) {
-      console.line("tokenized " + path + ": " + human_count(static_cast<double>(d.size())) +
-                   " tokens in " + std::to_string(seconds_since(t0)).substr(0, 4) +
-                   " s (cached as " + data::TokenDataset::cache_path(path, tok) + ")");
+      const std::string cache = data::TokenDataset::cache_path(path, tok);
+      console.line("tokenized " + path + ": " + human_count(static_cast<double>(d.size())) + " tokens in " +
+                   std::to_string(seconds_since(t0)).substr(0, 4) + " s (" +
+                   (cache_error.empty() ? "cached as " + cache : "not cached: " + cache_error) +
+                   (why == "absent" ? ")" : "; the cache there was not used: " + why + ")"));
     }
     return d;
   };

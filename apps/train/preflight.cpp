@@ -1,6 +1,7 @@
 // Checks before step 1 (preflight.h).
 #include "train/preflight.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +13,7 @@
 #include <system_error>
 #include <vector>
 
+#include "fsdp/accounting/budget.h"
 #include "train/errors.h"
 
 namespace apps::train {
@@ -62,20 +64,29 @@ std::string check_file_target(const std::string& flag, const std::string& path, 
 }
 
 // The flight recorder's directory is made only when a dump is written (a timeout or a failed
-// collective): it must be a directory or creatable, in its nearest existing ancestor, by this
-// process. Nothing is created here.
-std::string check_dump_dir(const std::string& dir) {
+// collective): it must be a directory that takes a file, or creatable in its nearest existing
+// ancestor, by this process. Permission bits do not tell (root may "write" /proc): the check
+// writes a probe file in the directory, or makes and removes a probe directory of this rank in
+// the ancestor. The target itself is never created here.
+std::string check_dump_dir(const std::string& dir, int rank) {
   std::error_code ec;
   const std::string head = "the flight recorder's directory '" + dir +
                            "' (--flight-recorder-dir, FSDP_FLIGHT_RECORDER_DIR or beside --metrics): ";
   fs::path p = fs::absolute(dir, ec);
-  if (fs::exists(p, ec) && !fs::is_directory(p, ec)) return head + "exists and is not a directory";
+  if (fs::exists(p, ec)) {
+    if (!fs::is_directory(p, ec)) return head + "exists and is not a directory";
+    const std::string why = probe_write(p, rank);
+    return why.empty() ? "" : head + why;
+  }
   while (!fs::exists(p, ec) && p.has_parent_path() && p.parent_path() != p) p = p.parent_path();
   if (!fs::is_directory(p, ec)) return head + "'" + p.string() + "' is not a directory";
-  if (access(p.c_str(), W_OK | X_OK) != 0) {
-    return head + "cannot be created or written in '" + p.string() + "': " + std::strerror(errno);
+  const fs::path probe = p / (".fsdp-probe-dir-" + std::to_string(rank) + "-" + std::to_string(::getpid()));
+  if (::mkdir(probe.c_str(), 0700) != 0) {
+    return head + "cannot be created in '" + p.string() + "': " + std::strerror(errno);
   }
-  return "";
+  const std::string why = probe_write(probe, rank);
+  fs::remove_all(probe, ec);
+  return why.empty() ? "" : head + "cannot be written in '" + p.string() + "': " + why;
 }
 
 std::string check_save_dir(const TrainConfig& c, int rank, int64_t need_bytes) {
@@ -102,9 +113,18 @@ std::string local_problem(const TrainConfig& c, const PreflightFacts& f, int ran
     return "--sample-top-k " + std::to_string(c.sample_top_k) + " exceeds the vocabulary of " +
            std::to_string(f.vocab_size) + " tokens (0 samples among all)";
   }
+  const int64_t memory = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+  const int64_t limit = c.memory_budget_bytes > 0 && (memory <= 0 || c.memory_budget_bytes < memory) ? c.memory_budget_bytes : memory;
+  if (limit > 0 && f.build_bytes > limit) {
+    return "the model (--model " + c.model + " with these --n-layer / --n-embd / --vocab-size) needs at least " +
+           fsdp::accounting::format_bytes(f.build_bytes) + " on each rank to build (" +
+           (c.meta_init ? "its model state with --meta-init" : "every rank builds it in full; --meta-init builds only its shards") +
+           "), more than " + (limit == memory ? "this machine's memory, " : "--memory-budget, ") +
+           fsdp::accounting::format_bytes(limit);
+  }
   std::string why;
   if (!c.save.empty()) why = check_save_dir(c, rank, f.checkpoint_bytes);
-  if (why.empty() && !dump_dir.empty()) why = check_dump_dir(dump_dir);
+  if (why.empty() && !dump_dir.empty()) why = check_dump_dir(dump_dir, rank);
   if (why.empty() && !c.profile.empty()) {
     why = check_file_target("--profile", rank == 0 ? c.profile : c.profile + ".rank" + std::to_string(rank), rank, 0);
   }

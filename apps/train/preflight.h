@@ -17,6 +17,9 @@ struct PreflightFacts {
   int64_t prompt_tokens = 0;     ///< --sample-prompt encoded, tokens
   int64_t checkpoint_bytes = 0;  ///< one checkpoint of the whole model, all ranks' files together
   int64_t export_bytes = 0;      ///< the --export file
+  /// Bytes this rank needs at least to build the model: the whole fp32 model (every rank builds it
+  /// in full), or with --meta-init the model state of its shards (16 bytes per parameter / N).
+  int64_t build_bytes = 0;
 };
 
 /// Model state bytes of a checkpoint or an export of `num_params` fp32 parameters (AdamW: param,
@@ -25,6 +28,8 @@ struct PreflightFacts {
 int64_t checkpoint_bytes_of(int64_t num_params);
 int64_t export_bytes_of(int64_t num_params);
 
+/// The model's build bytes (facts.build_bytes) within this machine's memory and the memory
+/// budget (a size from the flags is refused before anything of that size is allocated);
 /// --save DIR (created by rank 0 if missing; every rank writes and removes a probe file there;
 /// free space >= facts.checkpoint_bytes), --export, --metrics, --trace (their directory exists and
 /// takes a probe file on rank 0; --export's has room for facts.export_bytes), --profile (the same on

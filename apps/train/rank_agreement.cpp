@@ -5,6 +5,7 @@
 #include <map>
 
 #include "fsdp/common/check.h"
+#include "fsdp/common/hash.h"
 #include "train/errors.h"
 
 namespace apps::train {
@@ -23,17 +24,10 @@ std::string exact(double v) {
 std::string text(const std::optional<std::string>& v) { return v ? *v : "(unset)"; }
 std::string text(const std::optional<double>& v) { return v ? exact(*v) : "(unset)"; }
 
-uint64_t fnv1a(const int32_t* ids, int64_t n) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(ids);
-  for (int64_t i = 0; i < n * static_cast<int64_t>(sizeof(int32_t)); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  return h;
-}
-
 std::string identity(const data::TokenDataset& d) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%lld tokens, fnv1a %016llx", static_cast<long long>(d.size()),
-                static_cast<unsigned long long>(fnv1a(d.data(), d.size())));
+                static_cast<unsigned long long>(fsdp::fnv1a64(d.data(), sizeof(int32_t) * d.size())));
   return buf;
 }
 

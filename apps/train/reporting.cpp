@@ -4,7 +4,11 @@
 #include <ATen/ops/tensor.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <stdexcept>
 #include <utility>
@@ -65,16 +69,23 @@ void Console::line(const std::string& text) {
   std::cout << text << std::endl;
 }
 
-JsonLines::JsonLines(const std::string& path, int rank) {
+JsonLines::JsonLines(const std::string& path, int rank) : path_(path) {
   if (path.empty() || rank != 0) return;
   out_.open(path, std::ios::trunc);
   if (!out_) throw std::runtime_error("cannot open metrics file '" + path + "' for writing");
 }
 
 void JsonLines::write(const nlohmann::json& event) {
-  if (!out_.is_open()) return;
+  if (!out_.is_open() || failed_) return;
+  errno = 0;
   out_ << event.dump() << "\n";
   out_.flush();
+  ++events_;
+  if (out_) return;
+  failed_ = true;
+  std::fprintf(stderr, "fsdp-train: warning: --metrics '%s': writing event %lld (\"%s\") failed: %s; the metrics "
+               "stop there, training goes on\n", path_.c_str(), static_cast<long long>(events_),
+               event.value("event", std::string("?")).c_str(), errno ? std::strerror(errno) : "write error");
 }
 
 double TraceRecorder::now_us() const {
@@ -107,14 +118,20 @@ std::string TraceRecorder::serialize() const {
   return all.dump();
 }
 
-void TraceRecorder::write_merged(const std::string& path, const std::vector<std::string>& per_rank) {
+std::string TraceRecorder::write_merged(const std::string& path, const std::vector<std::string>& per_rank) {
   nlohmann::json events = nlohmann::json::array();
   for (const auto& s : per_rank) {
     for (auto& e : nlohmann::json::parse(s)) events.push_back(std::move(e));
   }
   std::ofstream out(path, std::ios::trunc);
-  if (!out) throw std::runtime_error("cannot open trace file '" + path + "' for writing");
-  out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  errno = 0;
+  if (out) out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  if (out) out.close();
+  if (out) return "";
+  const std::string why = errno ? std::strerror(errno) : "write error";
+  std::error_code ec;
+  std::filesystem::remove(path, ec);  // no partial trace left behind
+  return why;
 }
 
 json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& cpu) {
@@ -315,10 +332,10 @@ void CollectiveTrace::flush() {
   }
 }
 
-void write_trace(const TraceRecorder& trace, const std::string& path,
-                 fsdp::comm::ProcessGroup& group) {
+std::string write_trace(const TraceRecorder& trace, const std::string& path,
+                        fsdp::comm::ProcessGroup& group) {
   std::vector<std::string> per_rank = fsdp::comm::all_gather_strings(group, trace.serialize());
-  if (group.rank() == 0) TraceRecorder::write_merged(path, per_rank);
+  return group.rank() == 0 ? TraceRecorder::write_merged(path, per_rank) : "";
 }
 
 }  // namespace apps::train

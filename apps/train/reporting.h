@@ -74,14 +74,22 @@ class Console {
 };
 
 /// JSON-lines writer (one object per line, flushed). Disabled when path is empty or on rank != 0.
+/// Every write is checked: the first that fails (a full disk) is reported once on stderr, naming
+/// the file, the event and errno, and the writer stops there; training goes on (its checkpoints
+/// and output are worth more than the log).
 class JsonLines {
  public:
   JsonLines(const std::string& path, int rank);
   void write(const nlohmann::json& event);
   bool enabled() const { return out_.is_open(); }
+  /// True once a write failed.
+  bool failed() const { return failed_; }
 
  private:
+  std::string path_;
   std::ofstream out_;
+  int64_t events_ = 0;
+  bool failed_ = false;
 };
 
 /// Chrome trace events of one rank ("X" complete events, microseconds since a common origin that
@@ -100,8 +108,9 @@ class TraceRecorder {
   /// The events as a JSON array (process/thread name metadata included).
   std::string serialize() const;
   /// Writes {"traceEvents": [...all ranks' events...], "displayTimeUnit": "ms"} to path from the
-  /// serialize() strings of every rank.
-  static void write_merged(const std::string& path, const std::vector<std::string>& per_rank);
+  /// serialize() strings of every rank, checked to its close. Returns "" when written, else why
+  /// not (errno's text; the partial file is removed).
+  static std::string write_merged(const std::string& path, const std::vector<std::string>& per_rank);
 
  private:
   int rank_;
@@ -252,8 +261,8 @@ class CollectiveTrace {
 
 /// Gathers every rank's trace (fsdp::comm::all_gather_strings of TraceRecorder::serialize) and
 /// writes them to path on rank 0 (TraceRecorder::write_merged). Collective and blocking over group.
-/// Throws std::runtime_error on rank 0 when path cannot be written.
-void write_trace(const TraceRecorder& trace, const std::string& path,
-                 fsdp::comm::ProcessGroup& group);
+/// Returns, on rank 0, "" when written, else why not ("" on the other ranks).
+std::string write_trace(const TraceRecorder& trace, const std::string& path,
+                        fsdp::comm::ProcessGroup& group);
 
 }  // namespace apps::train

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <toml++/toml.h>
 
+#include <filesystem>
 #include <iostream>
 
 #include "fsdp/accounting/budget.h"
@@ -18,6 +19,13 @@ namespace {
 // Turns the TOML file's top-level keys into "--key=value" arguments (placed before the real command
 // line, so that a flag given there wins: every option keeps its last value).
 std::vector<std::string> config_file_args(const std::string& path, CLI::App& app) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    const char* what = !std::filesystem::exists(path, ec)         ? "does not exist"
+                       : std::filesystem::is_directory(path, ec) ? "is a directory"
+                                                                 : "is not a regular file";
+    throw CLI::ValidationError("--config", "'" + path + "' " + what + ": give a TOML file");
+  }
   toml::table table;
   try {
     table = toml::parse_file(path);

@@ -141,6 +141,7 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   pf.prompt_tokens = static_cast<int64_t>(tokenizer_->encode(cfg_.sample_prompt).size());
   pf.checkpoint_bytes = checkpoint_bytes_of(mcfg.num_params());
   pf.export_bytes = export_bytes_of(mcfg.num_params());
+  pf.build_bytes = cfg_.meta_init ? 16 * mcfg.num_params() / world_ : 4 * mcfg.num_params();
   preflight(cfg_, pf, *group_);
   // Data: rank 0 tokenizes first (a barrier).
   {
@@ -415,8 +416,10 @@ void Trainer::run() {
   metrics_->write(end_event(totals));
   console_.line(done_line(totals));
   if (!cfg_.trace.empty()) {
-    write_trace(trace_, cfg_.trace, *group_);
-    console_.line("trace written to " + cfg_.trace);
+    const std::string failed = write_trace(trace_, cfg_.trace, *group_);
+    console_.line(failed.empty() ? "trace written to " + cfg_.trace
+                                 : "warning: --trace '" + cfg_.trace + "' could not be written: " + failed +
+                                       " (no file left; training and checkpoints are complete)");
   }
   group_->barrier()->wait();
 }

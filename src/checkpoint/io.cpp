@@ -61,15 +61,6 @@ uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes) {
   return ~c;
 }
 
-uint64_t fnv1a64(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : s) {
-    h ^= ch;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 std::string hex64(uint64_t v) {
   char buf[19];
   std::snprintf(buf, sizeof(buf), "0x%016llx", static_cast<unsigned long long>(v));

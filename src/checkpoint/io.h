@@ -17,8 +17,6 @@ namespace fsdp::checkpoint::io {
 /// Python's zlib.crc32. crc32_update(0, ...) starts a new checksum; chain calls to extend it.
 uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes);
 
-/// FNV-1a 64-bit hash of a string (model fingerprints).
-uint64_t fnv1a64(const std::string& s);
 
 /// "0x" + 16 lowercase hex digits.
 std::string hex64(uint64_t v);

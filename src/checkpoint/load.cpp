@@ -5,6 +5,7 @@
 #include <map>
 #include <string>
 
+#include "fsdp/common/hash.h"
 #include "agreement.h"
 #include "dtypes.h"
 #include "fsdp/checkpoint/checkpoint.h"
@@ -99,7 +100,7 @@ std::string load_sharded(const std::string& path, const std::shared_ptr<torch::n
   agree.run("resolving the checkpoint", [&] {
     ckpt = resolve_checkpoint(path);
     m = read_manifest(ckpt);
-    const int64_t h = static_cast<int64_t>(io::fnv1a64(ckpt + "#" + std::to_string(m.seq)) >> 2);
+    const int64_t h = static_cast<int64_t>(fnv1a64(ckpt + "#" + std::to_string(m.seq)) >> 2);
     id[0] = h;
     id[1] = -h;
   });

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "fsdp/common/hash.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/common/check.h"
 #include "io.h"
@@ -183,13 +184,48 @@ std::string manifest_to_json(const Manifest& m) {
   for (const auto& [k, v] : m.doubles) ts["doubles"][k] = double_json(v);
   ts["tensors"] = m.extra_tensors;
   j["train_state"] = ts;
-  return j.dump(1);
+  return seal_manifest(j.dump(1));
+}
+
+std::string seal_manifest(const std::string& body) {
+  FSDP_CHECK(!body.empty() && body[0] == '{', ErrorKind::kInvalidArgument, kNoContext,
+             "a manifest body is a JSON object");
+  char seal[kSealBytes + 1];
+  std::snprintf(seal, sizeof(seal), "{\"manifest_crc32\": \"0x%08x\",", io::crc32_update(0, body.data(), body.size()));
+  return seal + body.substr(1);
+}
+
+std::string unseal_manifest(const std::string& text, const std::string& path) {
+  static const std::string head = "{\"manifest_crc32\": \"0x";
+  bool sealed = text.size() > kSealBytes && text.compare(0, head.size(), head) == 0 &&
+                text.compare(kSealBytes - 2, 2, "\",") == 0;
+  uint32_t want = 0;
+  for (size_t i = head.size(); sealed && i < kSealBytes - 2; ++i) {
+    const char c = text[i];
+    const int digit = c >= '0' && c <= '9' ? c - '0' : (c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1);
+    sealed = digit >= 0;
+    want = want * 16 + static_cast<uint32_t>(std::max(digit, 0));
+  }
+  FSDP_CHECK(sealed, ErrorKind::kCorruptData, kNoContext, "manifest '", path,
+             "' has no seal: its first bytes are not {\"manifest_crc32\": \"0x<8 hex digits>\", (written by "
+             "another version, or edited)");
+  const std::string body = "{" + text.substr(kSealBytes);
+  const uint32_t got = io::crc32_update(0, body.data(), body.size());
+  char w[16], g[16];
+  std::snprintf(w, sizeof(w), "0x%08x", want);
+  std::snprintf(g, sizeof(g), "0x%08x", got);
+  FSDP_CHECK(got == want, ErrorKind::kCorruptData, kNoContext, "manifest '", path,
+             "' does not match its seal: manifest_crc32 ", w, ", the content's CRC-32 ", g,
+             " (edited or damaged after the save; its fields, optimizer options and counters "
+             "included, cannot be trusted)");
+  return body;
 }
 
 Manifest manifest_from_json(const std::string& text, const std::string& path) {
   Manifest m;
+  const std::string body = unseal_manifest(text, path);
   try {
-    json j = json::parse(text);
+    json j = json::parse(body);
     FSDP_CHECK(j.value("format", std::string()) == kFormat, ErrorKind::kCorruptData, kNoContext, "'", path,
                "' is not an fsdp-cpp sharded checkpoint manifest (format '",
                j.value("format", std::string()), "', expected '", kFormat, "')");
@@ -305,7 +341,7 @@ std::string fingerprint(const std::vector<ParamInfo>& params) {
   std::sort(lines.begin(), lines.end());
   std::string all;
   for (const auto& l : lines) all += l + "\n";
-  return io::hex64(io::fnv1a64(all));
+  return io::hex64(fnv1a64(all));
 }
 
 std::string describe_param_diff(const std::vector<ParamInfo>& saved,

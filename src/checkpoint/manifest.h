@@ -10,7 +10,7 @@
 namespace fsdp::checkpoint {
 
 constexpr const char* kFormat = "fsdp-cpp/sharded-checkpoint";
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;  ///< 2: manifest.json sealed by its CRC-32 (seal_manifest)
 constexpr const char* kManifestFile = "manifest.json";
 constexpr const char* kLatestFile = "latest";
 constexpr const char* kTmpPrefix = ".tmp-";
@@ -81,10 +81,24 @@ struct Manifest {
   std::vector<std::string> extra_tensors;
 };
 
+/// The text of manifest.json: the sealed JSON of m (seal_manifest).
 std::string manifest_to_json(const Manifest& m);
 /// Throws fsdp::Error naming `path` when text is not a manifest of this format (kCorruptData:
-/// "is malformed", "is not an fsdp-cpp sharded checkpoint manifest") or version (kUnsupported).
+/// "is malformed", "is not an fsdp-cpp sharded checkpoint manifest", a seal that is missing or
+/// does not match) or version (kUnsupported).
 Manifest manifest_from_json(const std::string& text, const std::string& path);
+
+/// [Note: manifest seal] Every field of a manifest is read back and may change training (shapes,
+/// offsets, optimizer options, counters), so the file is covered by a checksum like the shard
+/// files: it starts with {"manifest_crc32": "0xXXXXXXXX", (kSealBytes bytes, 8 lower-case hex
+/// digits), and the rest with a '{' in front (the body, a JSON object) has that CRC-32. The
+/// file stays plain JSON. Returns the sealed text of `body` (a JSON object's text, starting with
+/// '{'); throws fsdp::Error (kInvalidArgument) for another body.
+std::string seal_manifest(const std::string& body);
+constexpr size_t kSealBytes = 32;
+/// The body of sealed manifest text (see seal_manifest). Throws fsdp::Error (kCorruptData) naming
+/// `path` when the seal is missing or the body's CRC-32 differs from it (expected vs actual).
+std::string unseal_manifest(const std::string& text, const std::string& path);
 /// Reads and parses dir/manifest.json; throws fsdp::Error (missing: kCorruptData, "incomplete
 /// checkpoint"; unreadable: kIo; as manifest_from_json).
 Manifest read_manifest(const std::string& checkpoint_dir);

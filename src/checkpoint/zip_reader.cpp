@@ -1,6 +1,9 @@
 #include "zip_reader.h"
 
+#include <cstdio>
 #include <utility>
+
+#include "io.h"
 
 namespace fsdp::checkpoint {
 
@@ -53,6 +56,7 @@ void ZipArchive::read_directory() {
     Entry entry;
     entry.flags = le(b, at + 8, 2);
     entry.method = le(b, at + 10, 2);
+    entry.crc32 = static_cast<uint32_t>(le(b, at + 16, 4));
     entry.comp_bytes = le(b, at + 20, 4);
     entry.bytes = le(b, at + 24, 4);
     entry.local_offset = le(b, at + 42, 4);
@@ -92,7 +96,16 @@ std::string ZipArchive::read(const std::string& name) const {
   if (!inside(b, at, 30) || b.compare(at, 4, "PK\x03\x04") != 0) fail("record '" + name + "' has no local header");
   const uint64_t begin = at + 30 + le(b, at + 26, 2) + le(b, at + 28, 2);
   if (!inside(b, begin, z.bytes)) fail("record '" + name + "' extends past the end of the archive");
-  return b.substr(begin, z.bytes);
+  std::string data = b.substr(begin, z.bytes);
+  const uint32_t crc = io::crc32_update(0, data.data(), data.size());
+  if (crc != z.crc32) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "the directory's CRC-32 0x%08x, the bytes' 0x%08x", z.crc32, crc);
+    fail(z.crc32 == 0 ? "record '" + name + "' carries no CRC-32 (saved with torch.serialization."
+                        "set_crc32_options(False)): save it with CRCs, the default, to read it"
+                      : "record '" + name + "' does not match its CRC-32 (damaged): " + buf);
+  }
+  return data;
 }
 
 }  // namespace fsdp::checkpoint

@@ -25,15 +25,18 @@ class ZipArchive {
   /// The record names, in directory order.
   const std::vector<std::string>& names() const { return names_; }
   bool has(const std::string& name) const { return entries_.count(name) > 0; }
-  /// The bytes of record `name`. Throws fsdp::Error (kCorruptData) "<what>: ..." when it is
-  /// missing, compressed, encrypted, or its local header or data is not inside the archive.
-  /// Record CRCs are not checked (as libtorch's reader does not: a file written with
-  /// torch.serialization.set_crc32_options(False) carries none).
+  /// The bytes of record `name`, checked against the record's CRC-32 in the directory. Throws
+  /// fsdp::Error (kCorruptData) "<what>: ..." when it is missing, compressed, encrypted, its local
+  /// header or data is not inside the archive, its bytes do not match its CRC-32 (naming both), or
+  /// it carries no CRC-32 (a CRC of 0 over bytes whose CRC is not 0: written with
+  /// torch.serialization.set_crc32_options(False); libtorch's reader checks none, this one every
+  /// byte it returns).
   std::string read(const std::string& name) const;
 
  private:
   struct Entry {
     uint64_t flags = 0, method = 0, comp_bytes = 0, bytes = 0, local_offset = 0;
+    uint32_t crc32 = 0;
   };
   [[noreturn]] void fail(const std::string& why) const;
   void read_directory();

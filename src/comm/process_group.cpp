@@ -10,6 +10,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "fsdp/common/hash.h"
 #include "fsdp/common/activity.h"
 #include "fsdp/common/check.h"
 
@@ -127,17 +128,6 @@ void ProcessGroup::worker_loop() {
     run_op(op);
   }
 }
-
-namespace {
-
-// FNV-1a, 64 bits: the same value on every host (std::hash may differ between libraries).
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-}  // namespace
 
 std::string ProcessGroup::describe(const Signature& s) const {
   std::string d = to_string(static_cast<CollectiveKind>(s.kind));
@@ -295,7 +285,7 @@ WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn, Work
   op.signature.forward_pass = -1;
   if (d.tag) {
     op.signature.forward_pass = d.tag->forward_pass;
-    op.signature.unit_hash = fnv1a(d.tag->unit);
+    op.signature.unit_hash = fnv1a64(d.tag->unit);  // the same on every host (std::hash may differ)
     std::strncpy(op.signature.unit, d.tag->unit.c_str(), sizeof(op.signature.unit) - 1);
     std::strncpy(op.signature.phase, d.tag->phase.c_str(), sizeof(op.signature.phase) - 1);
   }

@@ -1,4 +1,5 @@
 #include "fsdp/common/check.h"
+#include "fsdp/common/hash.h"
 
 namespace fsdp {
 
@@ -15,6 +16,13 @@ const char* to_string(ErrorKind kind) {
     case ErrorKind::kUnsupported: return "unsupported";
   }
   return "?";
+}
+
+uint64_t fnv1a64(const void* data, size_t bytes, uint64_t seed) {
+  uint64_t h = seed;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
 }
 
 std::string join_first(const std::vector<std::string>& items, size_t shown) {

@@ -1,5 +1,5 @@
-// libFuzzer target: the bytes are a checkpoint's manifest.json. They go through the manifest
-// parser (manifest_from_json), then, beside the real rank files of the seed checkpoint, through
+// libFuzzer target: the bytes are a checkpoint's manifest.json. They go through the seal check,
+// then, sealed again, through the manifest parser (manifest_from_json), then, beside the real rank files of the seed checkpoint, through
 // load_sharded into fsdp_fuzz::Net on one rank (manifest validation against the model, the
 // resharding reads, optimizer state, train state, buffers) and verify_checkpoint. Every input must
 // end in success or an fsdp::Error; any other exception, a crash or a sanitizer report is a
@@ -42,7 +42,18 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   State& s = state();
-  const std::string text(reinterpret_cast<const char*>(data), size);
+  const std::string raw(reinterpret_cast<const char*>(data), size);
+  // The bytes as they are meet the seal check ([Note: manifest seal]); a mutation that leaves the
+  // seal intact rarely keeps its CRC, so the body (the bytes after the seal, or all of them) is
+  // sealed again and goes on to the parser and the loader.
+  try {
+    (void)fsdp::checkpoint::unseal_manifest(raw, "fuzzed manifest.json");
+  } catch (const fsdp::Error&) {
+  }
+  const bool has_seal = raw.size() > fsdp::checkpoint::kSealBytes && raw.rfind("{\"manifest_crc32\"", 0) == 0;
+  const std::string body = has_seal ? "{" + raw.substr(fsdp::checkpoint::kSealBytes) : raw;
+  if (body.empty() || body[0] != '{') return 0;
+  const std::string text = fsdp::checkpoint::seal_manifest(body);
   try {
     fsdp::checkpoint::manifest_from_json(text, "fuzzed manifest.json");
   } catch (const fsdp::Error&) {

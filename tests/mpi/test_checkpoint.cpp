@@ -355,7 +355,7 @@ TEST(Checkpoint, CorruptionIsDetectedBeforeAnyWrite) {
        {"incomplete checkpoint"}},
       {"garbage manifest",
        [&](const std::string& d) { std::ofstream(fs::path(d) / "manifest.json") << "{\"format\": 3"; },
-       {"malformed"}},
+       {"has no seal", "manifest.json"}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "../common/models.h"
+#include "checkpoint/manifest.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/common/check.h"
 #include "mpi_world.h"
@@ -48,9 +49,19 @@ json read_json(const std::string& path) {
   return json::parse(ss.str());
 }
 
-// Rank 0 writes j to path; every rank waits for it.
-void write_json_on_rank0(const std::string& path, const json& j) {
-  if (world()->rank() == 0) std::ofstream(path, std::ios::trunc) << j.dump(1);
+// Rank 0 writes j to path, sealed again as a save does ([Note: manifest seal]), or with `seal`
+// false as an edit by hand leaves it: the old seal (when j has one) in front of the new body.
+// Every rank waits for it.
+void write_json_on_rank0(const std::string& path, json j, bool seal = true) {
+  const std::string old_seal = j.value("manifest_crc32", std::string());
+  j.erase("manifest_crc32");
+  std::string text = j.dump(1);
+  if (seal) {
+    text = ckpt::seal_manifest(text);
+  } else if (!old_seal.empty()) {
+    text = "{\"manifest_crc32\": \"" + old_seal + "\"," + text.substr(1);
+  }
+  if (world()->rank() == 0) std::ofstream(path, std::ios::trunc) << text;
   world()->barrier()->wait();
 }
 
@@ -128,6 +139,26 @@ TEST(ManifestValidation, EditedFieldsAreRefusedBeforeAnyWrite) {
     EXPECT_EQ(o.kind, fsdp::ErrorKind::kCorruptData) << o.what;
     EXPECT_NE(o.what.find(expect), std::string::npos) << o.what;
     EXPECT_TRUE(at::equal(local_rows(fresh), fresh_before)) << "a refused load wrote the model";
+  }
+  // Edits by hand that leave every field valid (AdamW's beta1, the step counter), not sealed again:
+  // the seal refuses them, naming the file ([Note: manifest seal]); so does a manifest without it.
+  const std::vector<std::tuple<std::string, Edit, bool, std::string>> by_hand = {
+      {"beta1 0.5", [&](json& j) { j["optimizer"]["groups"][0]["options"]["beta1"] = {{"value", 0.5}, {"bits", "0x3fe0000000000000"}}; },
+       false, "does not match its seal: manifest_crc32 0x"},
+      {"step 7", [&](json& j) { j["train_state"]["ints"]["step"] = 7; }, false, "does not match its seal"},
+      {"no seal", [&](json& j) { j.erase("manifest_crc32"); }, false, "has no seal"},
+  };
+  for (const auto& [what, edit, seal, expect] : by_hand) {
+    SCOPED_TRACE(what);
+    json bad = good;
+    edit(bad);
+    write_json_on_rank0(mpath, bad, seal);
+    auto fresh = sharded_mlp(2);
+    auto fresh_opt = std::make_unique<torch::optim::AdamW>(fsdp::parameters(fresh), torch::optim::AdamWOptions(1e-2));
+    Outcome o = outcome_of([&] { ckpt::load_sharded(dir.sub(name), fresh, fresh_opt.get(), nullptr, g); });
+    EXPECT_EQ(o.kind, fsdp::ErrorKind::kCorruptData) << o.what;
+    EXPECT_NE(o.what.find(expect), std::string::npos) << o.what;
+    EXPECT_NE(o.what.find(mpath), std::string::npos) << o.what;
   }
   write_json_on_rank0(mpath, good);
   auto fresh = sharded_mlp(3);

@@ -15,6 +15,7 @@
 #include "../common/models.h"
 #include "../common/parity.h"
 #include "../common/scenario_util.h"
+#include "checkpoint/manifest.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/export.h"
 #include "fsdp/checkpoint/import_optimizer.h"
@@ -304,11 +305,11 @@ std::string read_text(const std::string& path) {
 }
 
 /// The manifest as a build from before member names were saved wrote it: without the optional
-/// "groups" of the optimizer section (rank 0 rewrites it; a barrier follows).
+/// "groups" of the optimizer section, sealed (rank 0 rewrites it; a barrier follows).
 void strip_group_members(const std::string& checkpoint_dir) {
   if (world()->rank() == 0) {
     const std::string path = (fs::path(checkpoint_dir) / "manifest.json").string();
-    std::string text = read_text(path);
+    std::string text = fsdp::checkpoint::unseal_manifest(read_text(path), path);  // the body
     const size_t key = text.find("\"groups\":");
     ASSERT_NE(key, std::string::npos) << "a new manifest has optimizer.groups";
     size_t i = text.find('[', key), depth = 0;
@@ -320,7 +321,7 @@ void strip_group_members(const std::string& checkpoint_dir) {
     while (end < text.size() && (text[end] == ',' || text[end] == ' ' || text[end] == '\n')) ++end;
     text.erase(key, end - key);
     ASSERT_EQ(text.find("\"groups\":"), std::string::npos);
-    std::ofstream(path, std::ios::trunc) << text;
+    std::ofstream(path, std::ios::trunc) << fsdp::checkpoint::seal_manifest(text);  // as that build sealed it
   }
   world()->barrier()->wait();
 }
