@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -62,8 +64,15 @@ std::vector<CollectiveRecord> FlightRecorder::records() const {
   return out;
 }
 
-std::string FlightRecorder::dump(const std::string& dir, int rank, int world_size,
-                                 const std::string& reason) const {
+std::string FlightRecorder::dump(const std::string& dir, int rank, int world_size, const std::string& reason,
+                                 std::string* error) const {
+  std::string tmp;
+  auto failed = [&](const std::string& why) {
+    std::error_code ec;
+    if (!tmp.empty()) std::filesystem::remove(tmp, ec);
+    if (error) *error = why;
+    return std::string();
+  };
   try {
     nlohmann::json j;
     j["rank"] = rank;
@@ -83,16 +92,20 @@ std::string FlightRecorder::dump(const std::string& dir, int rank, int world_siz
     char name[32];
     std::snprintf(name, sizeof(name), "rank-%05d.json", rank);
     const std::string path = (std::filesystem::path(dir) / name).string();
-    const std::string tmp = path + ".tmp";
+    tmp = path + ".tmp";
     {
+      errno = 0;
       std::ofstream out(tmp, std::ios::trunc);
-      out << j.dump(1) << "\n";
-      if (!out) return "";
+      if (out) out << j.dump(1) << "\n";
+      if (out) out.close();
+      if (!out) return failed("cannot write '" + path + "': " + (errno ? std::strerror(errno) : "write error"));
     }
     std::filesystem::rename(tmp, path);
     return path;
+  } catch (const std::exception& e) {
+    return failed(std::string("cannot write the flight recorder in '") + dir + "': " + e.what());
   } catch (...) {
-    return "";
+    return failed("cannot write the flight recorder in '" + dir + "'");
   }
 }
 

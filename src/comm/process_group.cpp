@@ -129,12 +129,12 @@ void ProcessGroup::worker_loop() {
   }
 }
 
-std::string ProcessGroup::describe(const Signature& s) const {
+std::string ProcessGroup::describe(const Signature& s, const std::string* unit) const {
   std::string d = to_string(static_cast<CollectiveKind>(s.kind));
   if (s.dtype >= 0) d += str_cat(" of ", s.numel, " ", dtype_name(static_cast<c10::ScalarType>(s.dtype)));
   if (s.reduce_op >= 0) d += str_cat(" (", to_string(static_cast<ReduceOp>(s.reduce_op)), ")");
   if (s.root >= 0) d += str_cat(" from root ", s.root);
-  if (s.unit[0]) d += str_cat(", unit '", s.unit, "'");
+  if (unit ? !unit->empty() : s.unit[0] != 0) d += str_cat(", unit '", unit ? *unit : std::string(s.unit), "'");
   if (s.phase[0]) d += str_cat(", ", s.phase);
   if (s.forward_pass >= 0) d += str_cat(" (forward pass ", s.forward_pass, ")");
   return d;
@@ -193,7 +193,19 @@ void ProcessGroup::on_unrecoverable(const std::string& what) {
 
 std::string ProcessGroup::dump_flight_recorder(const std::string& reason) {
   if (options_.flight_recorder_dir.empty()) return "";
-  return recorder_->dump(options_.flight_recorder_dir, family_->root_rank, family_->root_size, reason);
+  std::string error;
+  const std::string path =
+      recorder_->dump(options_.flight_recorder_dir, family_->root_rank, family_->root_size, reason, &error);
+  std::lock_guard<std::mutex> lock(mu_);
+  dump_error_ = error;
+  return path;
+}
+
+std::string ProcessGroup::flight_recorder_note() const {
+  if (options_.flight_recorder_dir.empty()) return "; set FSDP_FLIGHT_RECORDER_DIR to record the last collectives";
+  std::lock_guard<std::mutex> lock(mu_);
+  return dump_error_.empty() ? "; flight recorder in " + options_.flight_recorder_dir
+                             : "; the flight recorder could not be written: " + dump_error_;
 }
 
 void ProcessGroup::run_op(Op& op) {
@@ -227,16 +239,14 @@ void ProcessGroup::run_op(Op& op) {
     op.fn();
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kTimeout && e.message().find("the group is unusable since") == std::string::npos) {
-      const std::string what = str_cat("collective #", op.seq, " of group '", name_, "' (", describe(op.signature),
+      const std::string what = str_cat("collective #", op.seq, " of group '", name_, "' (", describe(op.signature, &op.unit),
                                        ", ", op.bytes, " bytes) did not complete within ", options_.timeout_s,
                                        " s on rank ", rank_, " (world rank ", family_->root_rank, ")");
       on_unrecoverable(what);
       timed_out = true;
-      const std::string where = options_.flight_recorder_dir.empty()
-                                    ? std::string("; set FSDP_FLIGHT_RECORDER_DIR to record the last collectives")
-                                    : "; flight recorder in " + options_.flight_recorder_dir;
       err = std::make_exception_ptr(Error(ErrorKind::kTimeout, ErrorContext{rank_, op.signature.unit, to_string(op.kind)},
-                                          what + "; the group is unusable and the job will be aborted" + where));
+                                          what + "; the group is unusable and the job will be aborted" +
+                                              flight_recorder_note()));
     } else {
       err = std::current_exception();
     }
@@ -285,6 +295,7 @@ WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn, Work
   op.signature.forward_pass = -1;
   if (d.tag) {
     op.signature.forward_pass = d.tag->forward_pass;
+    op.unit = d.tag->unit;
     op.signature.unit_hash = fnv1a64(d.tag->unit);  // the same on every host (std::hash may differ)
     std::strncpy(op.signature.unit, d.tag->unit.c_str(), sizeof(op.signature.unit) - 1);
     std::strncpy(op.signature.phase, d.tag->phase.c_str(), sizeof(op.signature.phase) - 1);

@@ -188,19 +188,23 @@ void FSDPUnit::build_reduce_layout() {
   reduce_layout_ = shard::FlatLayout::make(shapes, shard_group_->size());
 }
 
-// [Note: requires_grad after wrapping] The module parameter's flag is the truth, read at every
-// forward of the unit (FSDP2 keeps per-parameter flags too): the sharded param follows it, a
-// frozen param drops its gradients (nothing to reduce, nothing for the optimizer, no memory), and
+// [Note: requires_grad after wrapping] The flag is read at every forward of the unit (FSDP2 keeps
+// per-parameter flags too), from the module parameter or from the sharded one the optimizer holds,
+// whichever was flipped since (both then carry it): a frozen param drops its gradients (nothing to reduce, nothing for the optimizer, no memory), and
 // the reduce-scatter layout and DDP buckets are rebuilt for the new set of trainable params. Every
 // rank must change the same flags (the collective check reports a rank that did not).
 void FSDPUnit::follow_requires_grad() {
   bool changed = false;
   for (auto& p : params_) {
-    const bool want = p.module_param.requires_grad();
+    // Either tensor may have been flipped: the module's parameter, or the sharded one that the
+    // optimizer holds (fsdp::parameters); the one that changed since the last forward wins.
+    const bool want = p.sharded_param.requires_grad() != p.requires_grad ? p.sharded_param.requires_grad()
+                                                                           : p.module_param.requires_grad();
     if (want == p.requires_grad) continue;
     changed = true;
     p.requires_grad = want;
     p.sharded_param.set_requires_grad(want);
+    p.module_param.set_requires_grad(want);
     if (!want) {
       p.sharded_param.mutable_grad() = at::Tensor();
       p.module_param.mutable_grad() = at::Tensor();
@@ -576,14 +580,15 @@ void FSDPUnit::check_params_registered() const {
   };
   std::string what;
   if (!added.empty()) {
-    what = str_cat("parameter ", list(added), " of the unit's module ", added.size() == 1 ? "was" : "were",
+    const bool one = added.size() == 1;
+    what = str_cat(one ? "parameter " : "parameters ", list(added), " of the unit's module ", one ? "was" : "were",
                    " registered after fully_shard (an adapter added, or a submodule replaced, after wrapping): the unit "
-                   "does not manage ", added.size() == 1 ? "it" : "them", ", so the forward would use ",
-                   added.size() == 1 ? "it" : "them", " but no gradient would be reduced, sharded or trained");
+                   "does not manage ", one ? "it" : "them", ", so the forward would use ", one ? "it" : "them",
+                   " unsharded, outside checkpoints and the optimizer's parameters, its gradient never reduced");
   }
   if (!gone.empty()) {
-    what += str_cat(what.empty() ? "" : "; ", "parameter ", list(gone), " that the unit manages ",
-                    gone.size() == 1 ? "is" : "are", " no longer registered on its module (replaced or removed after "
+    what += str_cat(what.empty() ? "" : "; ", gone.size() == 1 ? "parameter " : "parameters ", list(gone),
+                    " that the unit manages ", gone.size() == 1 ? "is" : "are", " no longer registered on its module (replaced or removed after "
                     "fully_shard)");
   }
   throw Error(ErrorKind::kInvalidArgument, where("forward"),

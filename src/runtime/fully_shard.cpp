@@ -261,12 +261,13 @@ namespace detail {
 
 namespace {
 
-// True when an ATen error message speaks of an empty tensor (a shape [0], a size 0, a 1-D weight
-// where 2-D is expected): what reading another unit's resharded parameter produces, as in
-// "size mismatch, got input (4), mat (4x8), vec (0)" or "'weight' must be 2-D".
+// True when an ATen error message speaks of a tensor with no elements the way ATen's kernels word
+// it when handed another unit's resharded parameter (shape [0]): "vec (0)", "tensor b (0)",
+// "existing size (0)", "weight of shape [0]", "for input of size 0", "'weight' must be 2-D".
+// Words a user's own check may well use ("out of range", "at least") are not enough.
 bool mentions_empty_tensor(const std::string& what) {
-  for (const char* s : {"(0)", "[0]", "size 0", ", 0]", "must be 2-D", "out of range", "out of bounds",
-                        "at least"}) {
+  for (const char* s : {"vec (0)", "tensor a (0)", "tensor b (0)", "existing size (0)", "of shape [0]",
+                        "for input of size 0", "'weight' must be 2-D"}) {
     if (what.find(s) != std::string::npos) return true;
   }
   return false;
@@ -287,7 +288,8 @@ void rethrow_forward_error(FSDPUnit& unit) {
   // parameter outside its forward (resharded, it holds an empty tensor); any other error, the
   // user's own checks included, reaches the caller as it was thrown.
   std::vector<std::string> held;
-  if (!what.empty() && mentions_empty_tensor(what) && unit.scheduler()) {
+  const bool noted = what.find("parameters of other units held no data") != std::string::npos;  // by a nested unit
+  if (!what.empty() && !noted && mentions_empty_tensor(what) && unit.scheduler()) {
     for (const auto& u : unit.scheduler()->units()) {
       if (u.get() == &unit) continue;
       for (const auto& p : u->params()) {
@@ -297,15 +299,16 @@ void rethrow_forward_error(FSDPUnit& unit) {
   }
   unit.abort_forward();
   if (held.empty()) std::rethrow_exception(error);
-  const std::string list = join_first(held);
+  // Still a c10::Error (a loop's catch of libtorch errors holds), its message first.
   const std::string first_line = what.substr(0, what.find('\n'));
-  throw Error(ErrorKind::kInvalidArgument, unit.where("forward"),
-              first_line + " (libtorch). The error speaks of an empty tensor while parameters of other units "
-              "held no data (outside its own forward a unit's parameters are resharded, shape [0]): " + list +
-              ". If the forward reads another unit's parameter directly (e.g. an output head tied to an "
-              "embedding that is a unit of its own), let one unit own both modules (do not wrap the inner "
-              "one), or shard the inner unit with reshard_after_forward=false, which keeps its parameters "
-              "gathered from its forward to the end of its backward (its unsharded bytes for that span)");
+  throw c10::Error(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                   first_line + " [fsdp rank " + std::to_string(unit.where("forward").rank) + ", unit '" +
+                   unit.name() + "' forward: an empty tensor while parameters of other units held no data "
+                   "(outside its own forward a unit's parameters are resharded, shape [0]): " + join_first(held) +
+                   ". If the forward reads another unit's parameter directly (e.g. an output head tied to an "
+                   "embedding that is a unit of its own), let one unit own both modules (do not wrap the inner "
+                   "one), or shard the inner unit with reshard_after_forward=false, which keeps its parameters "
+                   "gathered from its forward to the end of its backward (its unsharded bytes for that span)]");
 }
 
 }  // namespace detail

@@ -119,7 +119,22 @@ MaterializeResult materialize(const std::shared_ptr<torch::nn::Module>& root, co
       full_bytes += static_cast<int64_t>(cpu.nbytes());
       fresh_buffers.emplace_back(item.key(), WriteProbe(b));
     }
+    // The parameters of the modules below m: init(m) must leave them to their own modules' calls
+    // (a recursive parameters() would draw the generator out of module order).
+    std::unordered_set<const c10::TensorImpl*> own;
+    for (const auto& item : params) own.insert(item.value().unsafeGetTensorImpl());
+    std::vector<std::pair<std::string, WriteProbe>> below;
+    for (const auto& item : m.named_parameters(/*recurse=*/true)) {
+      if (!own.count(item.value().unsafeGetTensorImpl())) below.emplace_back(item.key(), WriteProbe(item.value()));
+    }
     init(name, m);
+    const auto after = m.named_parameters(/*recurse=*/true);
+    for (const auto& [key, probe] : below) {
+      FSDP_CHECK(!probe.written(after[key]), ErrorKind::kInvalidArgument, top, "init for module '", name,
+                 "' wrote parameter '", qualified(name, key), "', which a module below it registers: write only "
+                 "the module's own tensors (named_parameters(/*recurse=*/false)); the module below gets its own "
+                 "call, in the order a built model's init_parameters makes them");
+    }
     for (const auto& [key, probe] : fresh_buffers) {
       FSDP_CHECK(probe.written(buffers[key]), ErrorKind::kInvalidArgument, top, "buffer '", qualified(name, key),
                  "' was built on the meta device, which computes no values, and init did not write it: compute "

@@ -51,18 +51,22 @@ void Scheduler::end_forward(bool grad_enabled) {
 
 // [Note: failed steps] An exception inside a step (user code in a unit's forward or a backward
 // hook, a memory budget refusing a gather, a failed collective) must leave the model usable: the
-// loop catches it, skips the batch and goes on. A forward that throws unwinds through fsdp::call
+// loop catches it, skips the step and goes on. A forward that throws unwinds through fsdp::call
 // of every unit it entered; each puts its unit back to IDLE, and the root's puts the whole tree
 // back (abort_forward). A backward that throws never runs the end-of-backward callback, and the
 // engine drops the callback with its graph: the callback's guard then runs abort_backward, before
-// backward() rethrows to the caller. The failed batch's gradients that had not reached the shards
-// are dropped; those already added to the sharded gradients are there as in a plain model's
-// .grad, and the loop's optimizer.zero_grad() drops them (docs/training_loops.md). The ranks must
-// fail in the same step (the usual case: the same batch on every rank); a rank that fails alone
-// is caught by the collective check at its next collective (forward_pass).
+// backward() rethrows to the caller. Either way a failed step drops every gradient that had not
+// reached the shards, those accumulated by earlier micro-batches with requires_gradient_sync
+// false included (optimizer.zero_grad() cannot reach them: they live on the module's parameters);
+// those already added to the sharded gradients are there as in a plain model's .grad, and the
+// loop's optimizer.zero_grad() drops them (docs/training_loops.md). The ranks must fail at the
+// same point of the same step (the same batch, the same check); collectives one rank issued and
+// another never will cannot be cancelled: a rank that fails alone, or elsewhere in the step, is
+// caught by the collective check at its next collective (forward_pass), not recovered.
 void Scheduler::abort_forward() {
   in_forward_ = false;
-  for (const auto& u : units()) u->reset_after_error(/*drop_grads=*/false);
+  for (const auto& u : units()) u->reset_after_error(/*drop_grads=*/true);
+  unsynced_since_sync_ = false;  // no unsharded gradient is left on any unit
 }
 
 void Scheduler::abort_backward() {

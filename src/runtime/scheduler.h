@@ -41,7 +41,8 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// The root's forward ends; with grad disabled every unit is resharded (inference).
   void end_forward(bool grad_enabled);
   /// The root's forward threw ([Note: failed steps]): every unit back to IDLE and resharded (an
-  /// all-gather in flight is waited for first), buffer casts undone, gradients kept. Never throws.
+  /// all-gather in flight is waited for first), buffer casts undone, and the step's unreduced
+  /// gradients dropped (those accumulated without sync by earlier micro-batches). Never throws.
   void abort_forward();
   /// Training forwards of this tree so far (root forwards run with grad enabled). Every collective
   /// of the tree carries it into the collective check, so a rank that ran one training forward

@@ -235,6 +235,17 @@ fsdp::ModuleInit lm_init(bool head_writes, bool recompute_rope, bool skip_bias =
   };
 }
 
+// scale (own) and a module below it: an init writing both is refused.
+struct NestImpl : torch::nn::Module {
+  explicit NestImpl(at::TensorOptions o) {
+    scale = register_parameter("scale", at::empty({4}, o));
+    inner = register_module("inner", DevLinear(4, 4, false, o));
+  }
+  at::Tensor scale;
+  DevLinear inner{nullptr};
+};
+TORCH_MODULE(Nest);
+
 fsdp::WrapPolicy body_unit() {
   return [](const std::string& name, torch::nn::Module&) { return name == "body"; };
 }
@@ -289,6 +300,54 @@ TEST(FineTuning, MetaInitNamesWhatInitDidNotWrite) {
   };
   expect_named(lm_init(true, /*recompute_rope=*/false), "buffer 'rope.inv_freq'");
   expect_named(lm_init(true, true, /*skip_bias=*/true), "parameter 'body.bias'");
+  // An init that writes the parameters of the modules below its module (a recursive parameters())
+  // draws the generator out of module order: named, not silently other values.
+  auto meta = Nest(at::TensorOptions().device(at::kMeta)).ptr();
+  fsdp::fully_shard_tree(meta, g, [](const std::string& n, torch::nn::Module&) { return n == "inner"; });
+  try {
+    fsdp::materialize(meta, [](const std::string&, torch::nn::Module& m) {
+      for (auto& p : m.parameters(/*recurse=*/true)) torch::nn::init::normal_(p);
+    });
+    ADD_FAILURE() << "an init writing its children's parameters was accepted";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("init for module '' wrote parameter 'inner.weight'"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Freezing or unfreezing through the tensors the optimizer holds (fsdp::parameters) is followed as
+// through the module's parameters: the same steps as one process that flips the same flags.
+TEST(FineTuning, RequiresGradOnTheOptimizersTensorsIsFollowed) {
+  auto g = world();
+  const int N = g->size(), r = g->rank();
+  for (auto s : implemented_strategies()) {
+    SCOPED_TRACE(fsdp::to_string(s));
+    auto ref = lora_model(23);
+    auto model = lora_model(23);
+    fsdp::fully_shard_tree(model, g, lora_layers(), options_for(s, N));
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.05));
+    torch::optim::SGD opt(fsdp::parameters(model), torch::optim::SGDOptions(0.05));
+    for (int step = 0; step < 4; ++step) {
+      if (step == 1) {  // unfreeze l2's base weight, freeze l1's lora_b: on the shards only
+        ref->l2->base->weight.requires_grad_(true);
+        ref->l1->lora_b.requires_grad_(false);
+        for (const auto& sp : fsdp::sharded_parameters(model)) {
+          if (sp.name == "l2.base.weight") sp.tensor.requires_grad_(true);
+          if (sp.name == "l1.lora_b") sp.tensor.requires_grad_(false);
+        }
+      }
+      auto [x, y] = regression_batch(step, N * 2, 6, 3);
+      ref_opt.zero_grad();
+      F::mse_loss(ref->forward(x), y).backward();
+      opt.zero_grad();
+      F::mse_loss(fsdp::call(model, x.narrow(0, r * 2, 2)), y.narrow(0, r * 2, 2)).backward();
+      const std::string when = "step " + std::to_string(step);
+      compare_with_reference(model, ref, /*grad=*/true, 1e-5, 1e-6, when);
+      ref_opt.step();
+      opt.step();
+      compare_with_reference(model, ref, /*grad=*/false, 1e-5, 1e-6, when);
+    }
+  }
 }
 
 namespace {

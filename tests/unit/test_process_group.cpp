@@ -4,8 +4,12 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "fsdp/comm/process_group.h"
@@ -265,4 +269,32 @@ TEST(FlightRecorder, KeepsTheNewestRecordsInIssueOrder) {
   EXPECT_EQ(kept[2].state, fsdp::comm::OpState::kCompleted);
   EXPECT_EQ(kept[2].tag.phase, std::string(40, 'e'));
   for (const auto& r : kept) EXPECT_TRUE(r.error.empty()) << r.error;
+}
+
+// A dump that cannot be written (the disk full: the temporary file is /dev/full; a path under a
+// file) says why, names the file and leaves no temporary behind; one that can is renamed into place.
+TEST(FlightRecorder, DumpFailuresSayWhyAndLeaveNothingBehind) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("fsdp-fr-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fsdp::comm::FlightRecorder rec(4);
+  rec.add(fsdp::comm::CollectiveRecord{});
+  std::string error;
+  EXPECT_EQ(rec.dump(dir.string(), 0, 2, "test", &error), (dir / "rank-00000.json").string());
+  EXPECT_TRUE(error.empty()) << error;
+  EXPECT_FALSE(fs::exists(dir / "rank-00000.json.tmp"));
+  if (fs::exists("/dev/full")) {
+    fs::create_symlink("/dev/full", dir / "rank-00001.json.tmp");
+    EXPECT_EQ(rec.dump(dir.string(), 1, 2, "test", &error), "");
+    EXPECT_NE(error.find("cannot write '" + (dir / "rank-00001.json").string() + "': No space left on device"),
+              std::string::npos) << error;
+    EXPECT_FALSE(fs::exists(fs::symlink_status(dir / "rank-00001.json.tmp"))) << "a temporary was left";
+    EXPECT_FALSE(fs::exists(dir / "rank-00001.json"));
+  }
+  std::ofstream(dir / "afile") << "x";
+  error.clear();
+  EXPECT_EQ(rec.dump((dir / "afile" / "fr").string(), 0, 2, "test", &error), "");
+  EXPECT_NE(error.find("cannot write the flight recorder in"), std::string::npos) << error;
+  fs::remove_all(dir);
 }

@@ -56,8 +56,11 @@ class FlightRecorder {
   std::vector<CollectiveRecord> records() const;
   /// Writes {"rank", "world_size", "reason", "time_s", "records": [...]} as JSON to
   /// DIR/rank-RRRRR.json (DIR created if missing), `rank` being this process's rank in the root
-  /// group of the family. Returns the path, or "" when writing failed (never throws).
-  std::string dump(const std::string& dir, int rank, int world_size, const std::string& reason) const;
+  /// group of the family, through a temporary file renamed at the end. Returns the path, or ""
+  /// when writing failed, then with *error (when given) saying why ("cannot write
+  /// 'DIR/rank-00001.json': No space left on device") and no temporary file left. Never throws.
+  std::string dump(const std::string& dir, int rank, int world_size, const std::string& reason,
+                   std::string* error = nullptr) const;
 
  private:
   mutable std::mutex mu_;

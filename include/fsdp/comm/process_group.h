@@ -149,6 +149,9 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   /// Writes the flight recorder to options().flight_recorder_dir (if set) as this process's file;
   /// returns the path ("" when not written). Not collective.
   std::string dump_flight_recorder(const std::string& reason);
+  /// Where this rank's last dump went, for error messages: "; flight recorder in DIR", "; the
+  /// flight recorder could not be written: WHY", or how to turn it on.
+  std::string flight_recorder_note() const;
 
  private:
   struct Family;  // what split groups share: stats, recorder, the root group's rank and size
@@ -174,6 +177,7 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
     int64_t bytes;
     int64_t seq;
     Signature signature;
+    std::string unit;  // the whole unit name (signature.unit holds its first 63 bytes)
     uint64_t record_id;
     std::function<void()> fn;
     WorkPtr work;
@@ -196,7 +200,8 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   void check_same_op(const Op& op);
   // A failure that leaves the group unusable (timeout): record, dump, arm the abort.
   void on_unrecoverable(const std::string& what);
-  std::string describe(const Signature& s) const;
+  // The op as errors name it; `unit` (when given) replaces the signature's truncated unit name.
+  std::string describe(const Signature& s, const std::string* unit = nullptr) const;
   // Validation on the calling thread.
   void check_tensor(const char* op, const char* what, const at::Tensor& t) const;
   // bf16/fp16 reductions: all-to-all of the blocks, float32 sum in rank order, one rounding.
@@ -215,12 +220,13 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   int ranks_on_my_host_ = 1;
   std::shared_ptr<CommStats> stats_;
   std::shared_ptr<FlightRecorder> recorder_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> queue_;
   int64_t next_seq_ = 0;
   bool stopping_ = false;
   std::string broken_;  // why the group is unusable ("" while usable); guarded by mu_
+  std::string dump_error_;  // why the last flight-recorder dump failed ("" when written); guarded by mu_
   std::thread worker_;
 };
 

@@ -27,8 +27,8 @@ namespace fsdp {
 /// and backward under full_shard; between steps under shard_grad_op and hybrid_shard) the module's
 /// parameter objects hold empty tensors, shape [0], no data; unsharded they hold their full shapes.
 /// The unsharded shape of each is FSDPParam::shape (sharded_parameters(root)[i].param->shape).
-/// no_shard and zero1 keep full parameters, shapes included. Shared (tied) parameters inside one
-/// unit are managed once. The module must not gain, lose or replace parameters afterwards (an
+/// no_shard keeps full parameters from the start, zero1 from its first forward. Shared (tied)
+/// parameters inside one unit are managed once. The module must not gain, lose or replace parameters afterwards (an
 /// adapter is added before sharding): the next forward throws fsdp::Error naming them.
 ///
 /// Collective and blocking: all ranks of `group` call it for the same modules in the same order with
@@ -200,9 +200,10 @@ auto call_unit(FSDPUnit& unit, Holder& m, std::index_sequence<I...> seq, Args&&.
 /// An exception from the module's forward (or from the unit's own gather, e.g. fsdp::OutOfMemory
 /// under a memory budget) reaches the caller as thrown, after the unit (at the root: the whole
 /// tree) is back to IDLE and resharded, so the loop may skip the batch and call the model again
-/// ([Note: failed steps], docs/training_loops.md). A libtorch error that speaks of an empty tensor
-/// while other units are resharded becomes an fsdp::Error that starts with libtorch's message and
-/// adds the likely cause (a parameter of another unit read outside that unit's forward).
+/// ([Note: failed steps], docs/training_loops.md). A libtorch error whose wording says a kernel got
+/// a tensor with no elements ("vec (0)", "of shape [0]", ...) while other units are resharded stays
+/// a c10::Error: libtorch's message first, then the likely cause (a parameter of another unit read
+/// outside that unit's forward) and the remedies.
 template <typename Holder, typename... Args>
 auto call(Holder&& module, Args&&... args) {
   auto unit = find_unit(detail::module_ptr(module));
