@@ -141,6 +141,20 @@ std::string diagnose(const std::vector<Dump>& dumps, int world_size) {
         continue;
       }
       if (const Entry* e = w) {
+        // A rank still inside a collective that its peers have completed fell behind there: the
+        // data moved, then it stopped (SIGSTOP, swapped out) before finishing; it wrote its dump
+        // only when the job's end woke it up. The others then wait for it elsewhere.
+        std::vector<int> ahead;
+        for (const auto& o : dumps) {
+          const Entry* c = o.rank == d.rank ? nullptr : last_completed(o, e->group);
+          if (c && c->seq >= e->seq) ahead.push_back(o.rank);
+        }
+        if (!ahead.empty()) {
+          suspended.push_back("rank " + std::to_string(d.rank) + " is behind: it was still in " + describe(*e) +
+                              ", which " + ranks_text(ahead) + " completed (stopped, swapped out or descheduled "
+                              "before it could finish): the others waited for it");
+          continue;
+        }
         waiting[describe(*e)].push_back(d.rank);
         waiting_entry[describe(*e)] = e;
       } else {

@@ -75,6 +75,23 @@ std::shared_ptr<LoraNetImpl> lora_model(uint64_t seed) {
   return m;
 }
 
+// One step of `model` on this rank's rows and of `ref` on the whole global batch of `step`, each
+// with its optimizer; gradients and then parameters compared (collective over the world group).
+void lora_parity_step(const std::shared_ptr<LoraNetImpl>& model, const std::shared_ptr<LoraNetImpl>& ref,
+                      torch::optim::Optimizer& opt, torch::optim::Optimizer& ref_opt, int step,
+                      const std::string& when) {
+  const int N = world()->size(), r = world()->rank();
+  auto [x, y] = regression_batch(step, N * 2, 6, 3);
+  ref_opt.zero_grad();
+  F::mse_loss(ref->forward(x), y).backward();
+  opt.zero_grad();
+  F::mse_loss(fsdp::call(model, x.narrow(0, r * 2, 2)), y.narrow(0, r * 2, 2)).backward();
+  compare_with_reference(model, ref, /*grad=*/true, 1e-5, 1e-6, when);
+  ref_opt.step();
+  opt.step();
+  compare_with_reference(model, ref, /*grad=*/false, 1e-5, 1e-6, when);
+}
+
 }  // namespace
 
 // Adapters added before sharding over a frozen base: every step equals one process (losses through
@@ -83,7 +100,7 @@ std::shared_ptr<LoraNetImpl> lora_model(uint64_t seed) {
 // checkpoint taken mid-way restores the adapters bitwise.
 TEST(FineTuning, FrozenBaseWithAdaptersTrainsAsOneProcess) {
   auto g = world();
-  const int N = g->size(), r = g->rank();
+  const int N = g->size();
   SharedDir dir("lora");
   for (auto s : implemented_strategies()) {
     SCOPED_TRACE(fsdp::to_string(s));
@@ -109,16 +126,8 @@ TEST(FineTuning, FrozenBaseWithAdaptersTrainsAsOneProcess) {
     std::vector<std::pair<std::string, at::Tensor>> saved;
     const std::string ck = dir.sub(fsdp::to_string(s));
     for (int step = 0; step < 4; ++step) {
-      auto [x, y] = regression_batch(step, N * 2, 6, 3);
-      ref_opt.zero_grad();
-      F::mse_loss(ref->forward(x), y).backward();
-      opt.zero_grad();
-      F::mse_loss(fsdp::call(model, x.narrow(0, r * 2, 2)), y.narrow(0, r * 2, 2)).backward();
       const std::string when = "step " + std::to_string(step);
-      compare_with_reference(model, ref, /*grad=*/true, 1e-5, 1e-6, when);
-      ref_opt.step();
-      opt.step();
-      compare_with_reference(model, ref, /*grad=*/false, 1e-5, 1e-6, when);
+      lora_parity_step(model, ref, opt, ref_opt, step, when);
       const auto bytes = fsdp::accounting::model_state_bytes(model, &opt);
       EXPECT_EQ(bytes.optim_state_bytes, 8 * adapter_shard_numel) << when << ": optimizer state beyond the adapter";
       EXPECT_EQ(bytes.sharded_grad_bytes, 4 * adapter_shard_numel) << when << ": gradients beyond the adapter";
@@ -319,7 +328,7 @@ TEST(FineTuning, MetaInitNamesWhatInitDidNotWrite) {
 // through the module's parameters: the same steps as one process that flips the same flags.
 TEST(FineTuning, RequiresGradOnTheOptimizersTensorsIsFollowed) {
   auto g = world();
-  const int N = g->size(), r = g->rank();
+  const int N = g->size();
   for (auto s : implemented_strategies()) {
     SCOPED_TRACE(fsdp::to_string(s));
     auto ref = lora_model(23);
@@ -336,16 +345,8 @@ TEST(FineTuning, RequiresGradOnTheOptimizersTensorsIsFollowed) {
           if (sp.name == "l1.lora_b") sp.tensor.requires_grad_(false);
         }
       }
-      auto [x, y] = regression_batch(step, N * 2, 6, 3);
-      ref_opt.zero_grad();
-      F::mse_loss(ref->forward(x), y).backward();
-      opt.zero_grad();
-      F::mse_loss(fsdp::call(model, x.narrow(0, r * 2, 2)), y.narrow(0, r * 2, 2)).backward();
       const std::string when = "step " + std::to_string(step);
-      compare_with_reference(model, ref, /*grad=*/true, 1e-5, 1e-6, when);
-      ref_opt.step();
-      opt.step();
-      compare_with_reference(model, ref, /*grad=*/false, 1e-5, 1e-6, when);
+      lora_parity_step(model, ref, opt, ref_opt, step, when);
     }
   }
 }
