@@ -9,6 +9,8 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adamw.h>
 
+#include <functional>
+
 #include "../common/parity.h"
 #include "../common/scenario_util.h"
 #include "fsdp/accounting/budget.h"
@@ -107,6 +109,18 @@ void expect_clean(const std::shared_ptr<torch::nn::Module>& model, const std::st
 // fc1, mid and fc3 as units (mid's Linear inside mid's unit), the rest in the root.
 fsdp::WrapPolicy top_level_units() {
   return [](const std::string& name, torch::nn::Module&) { return name == "fc1" || name == "mid" || name == "fc3"; };
+}
+
+// fn must throw fsdp::Error of kind kMismatch whose message holds every string of `want`.
+void expect_mismatch(const std::function<void()>& fn, const std::string& if_not, const std::vector<std::string>& want) {
+  try {
+    fn();
+    ADD_FAILURE() << if_not;
+  } catch (const fsdp::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.kind(), fsdp::ErrorKind::kMismatch) << msg;
+    for (const auto& w : want) EXPECT_NE(msg.find(w), std::string::npos) << "want '" << w << "' in: " << msg;
+  }
 }
 
 at::Tensor rank_loss(const std::shared_ptr<LoopNetImpl>& model, const at::Tensor& x, const at::Tensor& y, int r) {
@@ -222,17 +236,10 @@ TEST(FailedSteps, RankSkippingABatchAloneIsNamedNotPaired) {
     EXPECT_THROW(rank_loss(model, x, y, r), c10::Error);
     model->mid->reject = false;
   }
-  try {
-    rank_loss(model, x, y, r).backward();
-    ADD_FAILURE() << "a rank one training step ahead paired its gradient all-reduces with its peers'";
-  } catch (const fsdp::Error& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(e.kind(), fsdp::ErrorKind::kMismatch) << msg;
-    EXPECT_NE(msg.find("(forward pass 2)"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("(forward pass 3)"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(N == 2 ? "rank 1 differs from rank 0" : "rank " + std::to_string(N - 1)), std::string::npos)
-        << msg;
-  }
+  expect_mismatch([&] { rank_loss(model, x, y, r).backward(); },
+                  "a rank one training step ahead paired its gradient all-reduces with its peers'",
+                  {"(forward pass 2)", "(forward pass 3)",
+                   N == 2 ? "rank 1 differs from rank 0" : "rank " + std::to_string(N - 1)});
   expect_clean(model, "after the mismatch");
   g->barrier()->wait();  // the group is still in step
 }
@@ -269,15 +276,9 @@ TEST(FailedSteps, UnitsOfOneTypeAreToldApartByTheirPaths) {
     EXPECT_EQ(fsdp::find_unit(model->e1.get())->name(), "e1");
     EXPECT_EQ(fsdp::find_unit(model.get())->name(), "root");
     if (N >= 2) {
-      try {
-        F::mse_loss(fsdp::call(model, at::randn({2, 4}), int64_t{r % 2}), at::zeros({2, 4})).backward();
-        ADD_FAILURE() << "ranks running different experts were paired";
-      } catch (const fsdp::Error& e) {
-        const std::string msg = e.what();
-        EXPECT_EQ(e.kind(), fsdp::ErrorKind::kMismatch) << msg;
-        EXPECT_NE(msg.find("unit 'e0'"), std::string::npos) << msg;
-        EXPECT_NE(msg.find("unit 'e1'"), std::string::npos) << msg;
-      }
+      expect_mismatch(
+          [&] { F::mse_loss(fsdp::call(model, at::randn({2, 4}), int64_t{r % 2}), at::zeros({2, 4})).backward(); },
+          "ranks running different experts were paired", {"unit 'e0'", "unit 'e1'"});
       expect_clean(model, "after the mismatch");
       g->barrier()->wait();
     }
