@@ -2,10 +2,12 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
 #include <thread>
+#include <vector>
 
 #include "diagnose/diagnosis.h"
 #include "fsdp/accounting/budget.h"
@@ -37,23 +39,27 @@ void diagnose_timeout(int rank, const std::string& dir) {
   }
 }
 
-// How many ranks reached this call within agree_s seconds: the world size when every rank did,
-// 0 when some did not (their peers are then still training or blocked in a collective). Uses
-// MPI_COMM_WORLD itself, which no process group communicates on (they use duplicates).
-int ranks_agreeing(int size, double agree_s) {
-  if (size <= 1) return size;
-  int mine = 1, total = 0;
+// Every rank's verdict (element r: rank r's `mine`) once every rank reached this call within
+// agree_s seconds; empty when some did not (their peers are then still training or blocked in a
+// collective). Uses MPI_COMM_WORLD itself, which no process group communicates on (they use
+// duplicates).
+std::vector<int> verdicts_of_all_ranks(int mine, int size, double agree_s) {
+  if (size <= 1) return {mine};
+  std::vector<int> all(static_cast<size_t>(size), 0);
   MPI_Request request;
-  if (MPI_Iallreduce(&mine, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &request) != MPI_SUCCESS) return 0;
+  if (MPI_Iallgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD, &request) != MPI_SUCCESS) return {};
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(agree_s);
   for (;;) {
     int done = 0;
-    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return 0;
-    if (done) return total;
-    if (std::chrono::steady_clock::now() > deadline) return 0;  // the abort cancels the request
+    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return {};
+    if (done) return all;
+    if (std::chrono::steady_clock::now() > deadline) return {};  // the abort cancels the request
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
+
+// What a rank reports to the agreement after a failed step.
+enum Verdict : int { kRefused = 1, kAbandoned = 2 };
 
 }  // namespace
 
@@ -105,10 +111,17 @@ int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder
         (strategy == "full_shard" ? "more ranks, "
                                   : "a more sharded --strategy (full_shard shards params, grads and optimizer state), ") +
         "--activation-checkpointing, a smaller --micro-batch-size)";
-    if (ranks_agreeing(size, agree_s) == size) {
-      if (rank == 0) {
-        std::cerr << "fsdp-train: error: out of memory on every rank (" << size << " of " << size
-                  << "), rank 0: " << e.what() << remedy << std::endl;
+    // The ranks the budget refused, and those whose step was abandoned because of them
+    // ([Note: abandoned steps]), agree; the lowest refused rank prints the one line.
+    const std::vector<int> all = verdicts_of_all_ranks(kRefused, size, agree_s);
+    if (!all.empty()) {
+      const auto refused = std::count(all.begin(), all.end(), int{kRefused});
+      const auto first = std::find(all.begin(), all.end(), int{kRefused}) - all.begin();
+      if (rank == first) {
+        std::cerr << "fsdp-train: error: out of memory on "
+                  << (refused == size ? "every rank (" : "") << refused << " of " << size
+                  << (refused == size ? ")" : " ranks; the others abandoned the step") << ", rank " << rank << ": "
+                  << e.what() << remedy << std::endl;
       }
       return 1;
     }
@@ -117,6 +130,11 @@ int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder
     if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;
     return 1;
   } catch (const fsdp::Error& e) {
+    if (e.kind() == fsdp::ErrorKind::kStepAbandoned) {
+      // A peer's step failed first: when it was refused by the budget, it reports for every rank.
+      const std::vector<int> all = verdicts_of_all_ranks(kAbandoned, size, agree_s);
+      if (!all.empty() && std::count(all.begin(), all.end(), int{kRefused}) > 0) return 1;
+    }
     if (e.kind() == fsdp::ErrorKind::kMismatch) {
       // The collective check fails the same collective on every rank with the same verdict.
       if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;

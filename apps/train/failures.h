@@ -29,10 +29,13 @@ fsdp::comm::ProcessGroupOptions group_options(const TrainConfig& config);
 /// Reports `error` as described above and returns the exit code (or aborts the job).
 ///
 /// fsdp::OutOfMemory (the --memory-budget refused an allocation): the budget is lifted, then the
-/// ranks agree without the process group (a non-blocking all-reduce on MPI_COMM_WORLD, waited for
-/// at most agree_s seconds). When every rank ran out of its budget (the usual case: every rank
-/// runs the same allocations), rank 0 prints one line and every rank exits with 1; otherwise a
-/// peer may be blocked in a collective, so the rank prints its own line and the job is aborted.
+/// ranks agree without the process group (a non-blocking all-gather on MPI_COMM_WORLD, waited for
+/// at most agree_s seconds). A rank whose step was abandoned because a peer's failed
+/// (fsdp::Error, kStepAbandoned) joins the same agreement. When every rank joins and at least one
+/// was refused (every rank, the usual case, or some when the ranks' refusal points differ), the
+/// lowest refused rank prints one line ("out of memory on every rank (N of N)" or "on K of N
+/// ranks; the others abandoned the step") and every rank exits with 1; otherwise a peer may be
+/// blocked in a collective, so the rank prints its own line and the job is aborted.
 /// The remedy it suggests follows `strategy` (--strategy; "" when the flags were not parsed): a
 /// more sharded strategy unless it is full_shard already.
 int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder_dir, double agree_s = 30.0,

@@ -130,6 +130,9 @@ void ProcessGroup::worker_loop() {
 }
 
 std::string ProcessGroup::describe(const Signature& s, const std::string* unit) const {
+  if (s.kind == kAbandonKind) {
+    return str_cat("nothing more of forward pass ", s.forward_pass, " (its step failed: ", s.unit, ")");
+  }
   std::string d = to_string(static_cast<CollectiveKind>(s.kind));
   if (s.dtype >= 0) d += str_cat(" of ", s.numel, " ", dtype_name(static_cast<c10::ScalarType>(s.dtype)));
   if (s.reduce_op >= 0) d += str_cat(" (", to_string(static_cast<ReduceOp>(s.reduce_op)), ")");
@@ -140,13 +143,16 @@ std::string ProcessGroup::describe(const Signature& s, const std::string* unit) 
   return d;
 }
 
-void ProcessGroup::check_same_op(const Op& op) {
+void ProcessGroup::check_same_op(Op& op) {
   constexpr int64_t kBytes = sizeof(Signature);
   at::Tensor mine = at::empty({kBytes}, at::kByte);
   std::memcpy(mine.data_ptr(), &op.signature, kBytes);
   at::Tensor all = at::empty({size_ * kBytes}, at::kByte);
   backend_->all_gather(all, mine);
   const auto* sigs = reinterpret_cast<const Signature*>(all.data_ptr());
+  for (int r = 0; r < size_; ++r) {
+    if (sigs[r].kind == kAbandonKind) return settle_abandoned(op, sigs);
+  }
   bool same = true;
   for (int r = 0; r < size_ && same; ++r) same = std::memcmp(&sigs[r], &sigs[0], kBytes) == 0;
   if (same) return;
@@ -170,6 +176,76 @@ void ProcessGroup::check_same_op(const Op& op) {
                  "same order (same forward and backward, same number of calls of each unit); "
                  "data-dependent control flow must take the same path on every rank");
   throw Error(ErrorKind::kMismatch, ErrorContext{rank_, op.signature.unit, to_string(op.kind)}, msg);
+}
+
+// [Note: abandoned steps] A step that fails on one rank may fail on another at a different point
+// (a hook that throws on one rank's data only, a memory budget refusing a gather on the rank
+// whose other buffers are larger), or not at all: the ranks have issued different numbers of the
+// step's collectives, and a rank waiting in one its peer will never issue would wait until its
+// timeout. abandon_step fills the positions: every rank whose step failed queues markers, one at
+// a time per group; a peer's collective met by a marker is not run and fails (kStepAbandoned),
+// which fails the peer's step too, so that it joins with markers of its own; at the first
+// position where every rank's op is a marker no rank has anything else queued, and the ops pair
+// again from there. Every rank decides from the same gathered signatures, so all agree on each
+// position's outcome. A collective of another forward pass (or of no step, e.g. the optimizer's)
+// met by a marker means a rank finished the step another abandoned: their parameters differ from
+// here on, and no later collective could be trusted, so the group refuses every op since, naming
+// the ranks (restore the last checkpoint). Cost: one all-gather of a signature per marker; none
+// while steps succeed.
+void ProcessGroup::settle_abandoned(Op& op, const Signature* sigs) {
+  std::vector<int> markers, others;
+  int64_t pass = -1;
+  std::string reason;
+  for (int r = 0; r < size_; ++r) {
+    if (sigs[r].kind == kAbandonKind) {
+      if (markers.empty()) {
+        pass = sigs[r].forward_pass;
+        reason = sigs[r].unit;
+      }
+      markers.push_back(r);
+    } else {
+      others.push_back(r);
+    }
+  }
+  auto ranks = [](const std::vector<int>& rs) {
+    std::string out = rs.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < rs.size(); ++i) out += (i ? ", " : "") + std::to_string(rs[i]);
+    return out;
+  };
+  bool same_pass = true;
+  for (int r = 0; r < size_; ++r) same_pass = same_pass && sigs[r].forward_pass == pass;
+  if (same_pass && pass >= 0) {
+    if (others.empty()) {
+      *op.all_abandoned = true;
+      return;
+    }
+    if (op.signature.kind == kAbandonKind) return;  // a peer is still in the step: another round
+    throw Error(ErrorKind::kStepAbandoned, ErrorContext{rank_, op.signature.unit, to_string(op.kind)},
+                str_cat(ranks(markers), " abandoned forward pass ", pass, " (its step failed: ", reason,
+                        "); collective #", op.seq, " of group '", name_, "' (", describe(op.signature, &op.unit),
+                        ") is not run: the step fails on every rank, and the loop goes on with the next one"));
+  }
+  std::string msg = str_cat("ranks left a step at different points, at collective #", op.seq, " of group '", name_,
+                            "': ");
+  std::vector<std::pair<std::string, std::vector<int>>> sides;
+  for (int r = 0; r < size_; ++r) {
+    const std::string d = describe(sigs[r]);
+    auto it = std::find_if(sides.begin(), sides.end(), [&](const auto& p) { return p.first == d; });
+    if (it == sides.end()) sides.push_back({d, {r}}); else it->second.push_back(r);
+  }
+  for (size_t i = 0; i < sides.size(); ++i) msg += (i ? "; " : "") + ranks(sides[i].second) + " issued " + sides[i].first;
+  msg += ". A rank went on past the step another abandoned: their parameters and optimizer states no longer agree. "
+         "The group refuses every later collective; restore the last checkpoint";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (diverged_.empty()) diverged_ = msg;
+  }
+  throw Error(ErrorKind::kMismatch, ErrorContext{rank_, op.signature.unit, to_string(op.kind)}, msg);
+}
+
+std::string ProcessGroup::diverged() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return diverged_;
 }
 
 void ProcessGroup::on_unrecoverable(const std::string& what) {
@@ -223,6 +299,7 @@ void ProcessGroup::run_op(Op& op) {
   std::exception_ptr err;
   std::string failure;
   bool timed_out = false;
+  bool abandoned = false;  // a peer's abandoned step: not a fault worth a flight-recorder dump
   try {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -231,10 +308,16 @@ void ProcessGroup::run_op(Op& op) {
                     str_cat("collective #", op.seq, " of group '", name_, "' not run: the group is unusable since ",
                             broken_));
       }
+      if (!diverged_.empty()) {
+        throw Error(ErrorKind::kMismatch, ErrorContext{rank_, op.signature.unit, to_string(op.kind)},
+                    str_cat("collective #", op.seq, " of group '", name_, "' not run: ", diverged_));
+      }
     }
     if (size_ > 1) {
       backend_->set_deadline(t0 + options_.timeout_s);
       check_same_op(op);
+    } else if (op.all_abandoned) {
+      *op.all_abandoned = true;  // no peer to wait for
     }
     op.fn();
   } catch (const Error& e) {
@@ -249,6 +332,7 @@ void ProcessGroup::run_op(Op& op) {
                                               flight_recorder_note()));
     } else {
       err = std::current_exception();
+      abandoned = e.kind() == ErrorKind::kStepAbandoned;
     }
     failure = e.what();
   } catch (const std::exception& e) {
@@ -264,19 +348,23 @@ void ProcessGroup::run_op(Op& op) {
                        !err ? OpState::kCompleted : (timed_out ? OpState::kTimedOut : OpState::kFailed), failure);
   if (timed_out) {
     dump_flight_recorder(failure);  // again, now that this op's record says how it ended
-  } else if (err && failure.find("the group is unusable") == std::string::npos) {
+  } else if (err && !abandoned && failure.find("the group is unusable") == std::string::npos &&
+             failure.find("not run: ranks left a step") == std::string::npos) {
     dump_flight_recorder(failure);  // a mismatch or a transport failure: worth the record
   }
   if (op.counted) stats_->record_time(op.kind, t0, t1, op.bytes, op.seq);
   op.work->finish(err, t1 - t0);
 }
 
-WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn, WorkPtr after) {
+WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn, WorkPtr after,
+                              std::shared_ptr<bool> all_abandoned) {
   auto work = std::make_shared<Work>();
   std::unique_lock<std::mutex> lock(mu_);
   const ErrorContext where{rank_, d.tag ? d.tag->unit : "", to_string(d.kind)};
   FSDP_CHECK(!stopping_, ErrorKind::kState, where, "issued on a process group that is shutting down");
   FSDP_CHECK(broken_.empty(), ErrorKind::kTimeout, where, "the group '", name_, "' is unusable since ", broken_);
+  FSDP_CHECK(diverged_.empty(), ErrorKind::kMismatch, where, "the group '", name_, "' refuses every collective: ",
+             diverged_);
   Op op;
   op.kind = d.kind;
   op.counted = d.logical_bytes >= 0;
@@ -314,6 +402,10 @@ WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn, Work
   op.fn = std::move(fn);
   op.work = work;
   op.after = std::move(after);
+  if (all_abandoned) {
+    op.all_abandoned = std::move(all_abandoned);
+    op.signature.kind = kAbandonKind;
+  }
   if (size_ == 1) {
     // No peer to wait for: run inline. Every op of this group runs inline, so issue order is kept.
     lock.unlock();
@@ -480,6 +572,44 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split_blocks(int block, bool strided
   const int color = strided ? rank_ % block : rank_ / block;
   return std::shared_ptr<ProcessGroup>(
       new ProcessGroup(std::move(sub), options_, str_cat(name_, "/split(", color, ")"), family_));
+}
+
+WorkPtr ProcessGroup::issue_abandon_marker(int64_t forward_pass, const std::string& reason,
+                                           std::shared_ptr<bool> all_abandoned) {
+  // Not counted in stats: no data moves. The reason travels in the signature's unit field.
+  const OpTag tag{reason, "abandoned step", forward_pass};
+  const Described d{CollectiveKind::kBarrier, nullptr, ReduceOp::kSum, -1, &tag, -1};
+  return enqueue(d, [] {}, nullptr, std::move(all_abandoned));
+}
+
+void abandon_step(const std::vector<ProcessGroup*>& groups, int64_t forward_pass, const std::string& reason) {
+  std::vector<ProcessGroup*> open = groups;
+  std::exception_ptr first_error;
+  while (!open.empty()) {
+    std::vector<std::pair<WorkPtr, std::shared_ptr<bool>>> round;
+    for (ProcessGroup* g : open) {
+      auto all = std::make_shared<bool>(false);
+      try {
+        round.push_back({g->issue_abandon_marker(forward_pass, reason, all), all});
+      } catch (...) {
+        if (!first_error) first_error = std::current_exception();
+        round.push_back({nullptr, nullptr});
+      }
+    }
+    std::vector<ProcessGroup*> still_open;
+    for (size_t i = 0; i < open.size(); ++i) {
+      if (!round[i].first) continue;  // the group refused the marker (timed out, diverged)
+      try {
+        round[i].first->wait();
+      } catch (...) {
+        if (!first_error) first_error = std::current_exception();
+        continue;
+      }
+      if (!*round[i].second) still_open.push_back(open[i]);
+    }
+    open = std::move(still_open);
+  }
+  if (first_error) std::rethrow_exception(first_error);
 }
 
 c10::DeviceType ProcessGroup::device_type() const { return backend_->device_type(); }

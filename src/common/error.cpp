@@ -14,6 +14,7 @@ const char* to_string(ErrorKind kind) {
     case ErrorKind::kCorruptData: return "corrupt data";
     case ErrorKind::kIo: return "I/O error";
     case ErrorKind::kUnsupported: return "unsupported";
+    case ErrorKind::kStepAbandoned: return "step abandoned";
   }
   return "?";
 }

@@ -357,7 +357,7 @@ std::vector<at::Tensor> FSDPUnit::pre_forward(std::vector<at::Tensor> inputs) {
     push_activity(Activity{name_.c_str(), "forward"});
     try {
       if (is_root() && options_.sync_buffers && module_raw_->is_training()) {
-        detail::broadcast_buffers(*module_raw_, *group_);
+        detail::broadcast_buffers(*module_raw_, *group_, scheduler_->forward_pass());
       }
       follow_requires_grad();
       forward_index_ = scheduler_->record_use(this);
@@ -451,6 +451,10 @@ void FSDPUnit::reset_after_error(bool drop_grads) noexcept {
     if (reducer_) reducer_->abandon();
     for (auto& p : params_) p.module_param.mutable_grad() = at::Tensor();
     backward_active_ = false;
+    // Whether the next forward all-gathers must not depend on how far this rank got before the
+    // step failed (its peers may have got further, or less far: [Note: abandoned steps]): every
+    // lazily gathered unit gathers again, on every rank.
+    gathered_versions_.clear();
   }
   if (sharded_state_ == ShardedState::kUnsharding) {
     // An all-gather in flight, or a copy-out that failed part way (its params may hold storage

@@ -59,18 +59,48 @@ void Scheduler::end_forward(bool grad_enabled) {
 // reached the shards, those accumulated by earlier micro-batches with requires_gradient_sync
 // false included (optimizer.zero_grad() cannot reach them: they live on the module's parameters);
 // those already added to the sharded gradients are there as in a plain model's .grad, and the
-// loop's optimizer.zero_grad() drops them (docs/training_loops.md). The ranks must fail at the
-// same point of the same step (the same batch, the same check); collectives one rank issued and
-// another never will cannot be cancelled: a rank that fails alone, or elsewhere in the step, is
-// caught by the collective check at its next collective (forward_pass), not recovered.
+// loop's optimizer.zero_grad() drops them (docs/training_loops.md). The ranks may fail at
+// different points of the step, or one alone: before anything is reset, abandon_collectives
+// pairs the collectives one rank issued and another did not, and a peer still in the step fails
+// it too ([Note: abandoned steps] in process_group.cpp); only then are the in-flight works waited
+// for, which no longer wait on a peer.
+void Scheduler::abandon_collectives(const char* phase) noexcept {
+  std::vector<comm::ProcessGroup*> groups;
+  for (const auto& u : units()) {
+    for (const auto* g : {&u->group(), &u->shard_group(), &u->replicate_group()}) {
+      if (*g && std::find(groups.begin(), groups.end(), g->get()) == groups.end()) groups.push_back(g->get());
+    }
+  }
+  std::string reason = str_cat("its ", phase, " threw");
+  if (auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      reason = ex.what();
+    } catch (...) {
+    }
+  }
+  // Shortest useful form for the peers: the first line, without the "[fsdp rank R] " prefix.
+  reason = reason.substr(0, reason.find('\n'));
+  if (reason.rfind("[fsdp", 0) == 0 && reason.find("] ") != std::string::npos) reason = reason.substr(reason.find("] ") + 2);
+  try {
+    comm::abandon_step(groups, forward_pass_, reason);
+  } catch (...) {
+    // A group that could not be put back (timed out, or a peer finished the step) refuses its later
+    // collectives with the reason, on every rank; the step's own error is the caller's to report.
+  }
+}
+
 void Scheduler::abort_forward() {
   in_forward_ = false;
+  abandon_collectives("forward");
   for (const auto& u : units()) u->reset_after_error(/*drop_grads=*/true);
   unsynced_since_sync_ = false;  // no unsharded gradient is left on any unit
 }
 
 void Scheduler::abort_backward() {
   callback_queued_ = false;
+  abandon_collectives("backward");
   for (const auto& u : units()) u->reset_after_error(/*drop_grads=*/true);
   last_reduce_scatter_.reset();
   unsynced_since_sync_ = false;  // no unsharded gradient is left on any unit
@@ -160,7 +190,8 @@ void Scheduler::reduce_accumulated(const std::vector<std::shared_ptr<FSDPUnit>>&
   unsynced_since_sync_ = false;
   at::Tensor pending = at::zeros({static_cast<int64_t>(alive.size())}, at::kInt);
   for (size_t i = 0; i < alive.size(); ++i) pending[i] = alive[i]->has_pending_grads() ? 1 : 0;
-  alive.front()->group()->all_reduce(pending, comm::ReduceOp::kMax, comm::OpTag{"", "backward (accumulated)"})->wait();
+  alive.front()->group()->all_reduce(pending, comm::ReduceOp::kMax,
+                                     comm::OpTag{"", "backward (accumulated)", forward_pass_})->wait();
   const int* flag = pending.data_ptr<int>();
   for (size_t i = 0; i < alive.size(); ++i) {
     if (flag[i]) alive[i]->reduce_pending_grads();

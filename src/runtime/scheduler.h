@@ -40,14 +40,16 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   void prefetch_next(int64_t index);
   /// The root's forward ends; with grad disabled every unit is resharded (inference).
   void end_forward(bool grad_enabled);
-  /// The root's forward threw ([Note: failed steps]): every unit back to IDLE and resharded (an
-  /// all-gather in flight is waited for first), buffer casts undone, and the step's unreduced
-  /// gradients dropped (those accumulated without sync by earlier micro-batches). Never throws.
+  /// The root's forward threw ([Note: failed steps]): the tree's groups are put back in step with
+  /// the peers (comm::abandon_step: collective, blocking, every rank whose step failed), then every
+  /// unit back to IDLE and resharded, buffer casts undone, and the step's unreduced gradients
+  /// dropped (those accumulated without sync by earlier micro-batches). Never throws: a group that
+  /// cannot be put back refuses its later collectives with the reason.
   void abort_forward();
   /// Training forwards of this tree so far (root forwards run with grad enabled). Every collective
   /// of the tree carries it into the collective check, so a rank that ran one training forward
-  /// more or fewer than its peers (it skipped a failed batch alone) fails at its next collective
-  /// instead of pairing with another step's.
+  /// more or fewer than its peers fails at its next collective instead of pairing with another
+  /// step's, and an abandoned step names the pass it abandons ([Note: abandoned steps]).
   int64_t forward_pass() const { return forward_pass_; }
 
   // -- backward --
@@ -55,7 +57,8 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// backward fails instead (an exception in any node, hook or reduction), the engine drops the
   /// callback without running it, and dropping it runs abort_backward.
   void ensure_final_callback();
-  /// A backward of this tree failed ([Note: failed steps]): waits for the reductions in flight and
+  /// A backward of this tree failed ([Note: failed steps]): puts the tree's groups back in step
+  /// (as abort_forward), waits for the reductions in flight and
   /// drops their results, drops every unsharded gradient (the failed batch's, and any accumulated
   /// with requires_gradient_sync false), puts every unit back to IDLE and resharded. Never throws.
   void abort_backward();
@@ -75,6 +78,10 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   void reset_peak_unsharded_param_bytes() { peak_unsharded_param_bytes_ = unsharded_param_bytes_; }
 
  private:
+  // [Note: abandoned steps] in process_group.cpp: every group the tree's units use, put back in
+  // step with the peers that may have issued more or fewer of the failed step's collectives.
+  void abandon_collectives(const char* phase) noexcept;
+
   // Issues the all-gather of the unit (if alive) when it is sharded and the bound allows it.
   void prefetch(const std::weak_ptr<FSDPUnit>& unit, const char* phase);
   // Units (root excluded, full-param strategies excluded) holding or gathering params now.

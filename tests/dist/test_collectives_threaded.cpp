@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <stdexcept>
 #include <thread>
 
@@ -63,4 +64,69 @@ TEST(ThreadedCollectives, AllReduceAfterADependencyStartsWhenItCompletes) {
       }
     }
   }
+}
+
+namespace {
+
+// The kind of the error fn throws (fails the test when it throws none or not an fsdp::Error).
+fsdp::Error error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const fsdp::Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no fsdp::Error thrown";
+  return fsdp::Error(fsdp::ErrorKind::kState, {}, "none");
+}
+
+}  // namespace
+
+// [Note: abandoned steps] Rank r issued r all-reduces of forward pass 7 before its step failed,
+// then abandons the step: position k holds markers of ranks 0..k and real ops of the others, so
+// every real op fails (kStepAbandoned, naming rank 0 and its reason), abandon_step returns on
+// every rank after max(r) + 1 rounds, and the group is in step again (an all-reduce of ones sums
+// to n). When every rank issued the same ops, they complete with their closed-form sums.
+TEST(ThreadedCollectives, AbandonedStepPairsTheCollectivesOneRankIssuedAndAnotherDidNot) {
+  for (int n = 2; n <= 5; ++n) {
+    fsdp_test::run_threaded(n, [n](int rank, fsdp::comm::ProcessGroupPtr g) {
+      const fsdp::comm::OpTag tag{"h.1", "forward", 7};
+      std::vector<fsdp::comm::WorkPtr> works;
+      for (int k = 0; k < rank; ++k) works.push_back(g->all_reduce(at::ones({3}), fsdp::comm::ReduceOp::kSum, tag));
+      fsdp::comm::abandon_step({g.get()}, 7, "rank " + std::to_string(rank) + "'s batch check");
+      for (const auto& w : works) {
+        const fsdp::Error e = error_of([&] { w->wait(); });
+        EXPECT_EQ(e.kind(), fsdp::ErrorKind::kStepAbandoned) << e.what();
+        EXPECT_NE(std::string(e.what()).find("abandoned forward pass 7 (its step failed: rank 0's batch check)"),
+                  std::string::npos)
+            << e.what();
+      }
+      at::Tensor t = at::ones({4});
+      g->all_reduce(t)->wait();
+      EXPECT_EQ(t[3].item<float>(), static_cast<float>(n));
+      // The same ops on every rank: nothing to pair, they complete.
+      at::Tensor u = at::full({2}, static_cast<float>(rank + 1));
+      auto w = g->all_reduce(u, fsdp::comm::ReduceOp::kSum, tag);
+      fsdp::comm::abandon_step({g.get()}, 7, "every rank's check");
+      w->wait();
+      EXPECT_EQ(u[1].item<float>(), static_cast<float>(n * (n + 1) / 2));
+      EXPECT_EQ(g->diverged(), "");
+    });
+  }
+}
+
+// A rank abandons forward pass 7 while its peer is already at a collective of no step: every rank
+// throws kMismatch naming both sides, and the group refuses every later op with that reason.
+TEST(ThreadedCollectives, AbandonedStepMetByACollectiveOfNoStepDivergesTheGroup) {
+  fsdp_test::run_threaded(2, [](int rank, fsdp::comm::ProcessGroupPtr g) {
+    fsdp::Error e = rank == 0 ? error_of([&] { fsdp::comm::abandon_step({g.get()}, 7, "NaN guard"); })
+                              : error_of([&] { g->all_reduce(at::ones({3}))->wait(); });
+    EXPECT_EQ(e.kind(), fsdp::ErrorKind::kMismatch) << e.what();
+    for (const char* want : {"ranks left a step at different points", "rank 0 issued nothing more of forward pass 7 "
+                             "(its step failed: NaN guard)", "rank 1 issued all_reduce of 3 float32 (sum)"}) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << want << " in " << e.what();
+    }
+    e = error_of([&] { g->barrier()->wait(); });
+    EXPECT_EQ(e.kind(), fsdp::ErrorKind::kMismatch);
+    EXPECT_NE(std::string(e.what()).find("refuses every collective: ranks left a step"), std::string::npos) << e.what();
+  });
 }

@@ -3,8 +3,9 @@
 // in forward and in backward, the last micro-batch of an accumulation failing in backward: every
 // unit is IDLE and resharded afterwards, no unsharded param or gradient is alive, the user's error
 // reaches the loop as thrown, and the following steps equal a single-process run that never saw the
-// failed batches, for every strategy. A rank that skips a batch alone, and ranks that route to
-// different units of one type, are named by the collective check instead of pairing silently.
+// failed batches, for every strategy. Ranks that fail at different points of one step, or one rank
+// alone, all skip it ([Note: abandoned steps]); a rank that finished the step another abandoned,
+// and ranks that route to different units of one type, are named instead of pairing silently.
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adamw.h>
@@ -35,7 +36,18 @@ enum class Failure {
   kOomInBackward,    // the memory budget refuses an allocation of a backward hook
   kAccumulation,     // micro-batch 1 without sync is fine, micro-batch 2's backward throws
   kAccumulationForward,  // micro-batch 1 without sync is fine, micro-batch 2's forward throws
+  // Each rank fails at its own point of the step (the collectives issued differ between ranks):
+  kRankDependentForward,   // rank r % 3: 0 in the root after fc1, 1 in mid's check, 2 after fc3
+  kRankDependentBackward,  // even ranks: the hook after fc3's gradients; odd: after mid's backward
+  kRankDependentOom,       // rank 0's budget refuses its forward, the others' a backward hook's
+  kOneRankAlone,           // only the last rank's forward fails (mid's check)
 };
+
+// The step fails at a point that depends on the rank: a peer's failure may reach a rank first.
+bool rank_dependent(Failure f) {
+  return f == Failure::kRankDependentForward || f == Failure::kRankDependentBackward ||
+         f == Failure::kRankDependentOom || f == Failure::kOneRankAlone;
+}
 
 const char* name_of(Failure f) {
   switch (f) {
@@ -46,6 +58,10 @@ const char* name_of(Failure f) {
     case Failure::kOomInBackward: return "out of memory in backward";
     case Failure::kAccumulation: return "accumulated micro-batch, then a failed backward";
     case Failure::kAccumulationForward: return "accumulated micro-batch, then a failed forward";
+    case Failure::kRankDependentForward: return "forward failing at a rank-dependent point";
+    case Failure::kRankDependentBackward: return "backward failing at a rank-dependent point";
+    case Failure::kRankDependentOom: return "budget refusing at a rank-dependent point";
+    case Failure::kOneRankAlone: return "one rank's forward failing alone";
   }
   return "?";
 }
@@ -73,7 +89,12 @@ struct LoopNetImpl : torch::nn::Module {
     scale = register_parameter("scale", torch::ones({kOut}));
   }
   at::Tensor forward(at::Tensor x) {
-    at::Tensor h = fsdp::call(mid, at::tanh(fsdp::call(fc1, x)));
+    at::Tensor a = at::tanh(fsdp::call(fc1, x));
+    if (throw_after_fc1) throw std::runtime_error("bad batch: rejected after fc1");
+    if (hook_after_mid) {
+      a.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("NaN guard: non-finite gradient"); });
+    }
+    at::Tensor h = fsdp::call(mid, a);
     if (failure == Failure::kBackwardHook) {
       h.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("NaN guard: non-finite gradient"); });
     } else if (failure == Failure::kOomInBackward) {
@@ -82,12 +103,15 @@ struct LoopNetImpl : torch::nn::Module {
         return grad;
       });
     }
-    return fsdp::call(fc3, at::tanh(h)) * scale;
+    at::Tensor out = fsdp::call(fc3, at::tanh(h)) * scale;
+    if (throw_after_fc3) throw std::runtime_error("bad batch: rejected after fc3");
+    return out;
   }
   torch::nn::Linear fc1{nullptr}, fc3{nullptr};
   Checked mid{nullptr};
   at::Tensor scale;
   Failure failure = Failure::kNone;
+  bool throw_after_fc1 = false, throw_after_fc3 = false, hook_after_mid = false;
 };
 TORCH_MODULE(LoopNet);
 
@@ -142,6 +166,21 @@ bool run_step(const std::shared_ptr<LoopNetImpl>& model, torch::optim::Optimizer
       if (f == Failure::kAccumulation) model->failure = Failure::kBackwardHook;
       model->mid->reject = f == Failure::kAccumulationForward;
       (rank_loss(model, x, y, r) * 0.5).backward();
+    } else if (rank_dependent(f)) {
+      if (f == Failure::kRankDependentForward) {
+        model->throw_after_fc1 = r % 3 == 0;
+        model->mid->reject = r % 3 == 1;
+        model->throw_after_fc3 = r % 3 == 2;
+      } else if (f == Failure::kRankDependentBackward) {
+        model->failure = r % 2 == 0 ? Failure::kBackwardHook : Failure::kNone;
+        model->hook_after_mid = r % 2 == 1;
+      } else if (f == Failure::kRankDependentOom) {
+        model->failure = r == 0 ? Failure::kNone : Failure::kOomInBackward;
+        fsdp::accounting::set_memory_budget(fsdp::accounting::current_bytes() + (r == 0 ? 1 : int64_t{32} << 20), r);
+      } else {
+        model->mid->reject = r == N - 1;
+      }
+      rank_loss(model, x, y, r).backward();
     } else {
       model->failure = f;
       model->mid->reject = f == Failure::kUserCheckInUnit;
@@ -157,36 +196,49 @@ bool run_step(const std::shared_ptr<LoopNetImpl>& model, torch::optim::Optimizer
     opt.step();
     return true;
   } catch (const fsdp::OutOfMemory& e) {
-    EXPECT_TRUE(f == Failure::kOomInForward || f == Failure::kOomInBackward) << when << ": " << e.what();
+    EXPECT_TRUE(f == Failure::kOomInForward || f == Failure::kOomInBackward || f == Failure::kRankDependentOom)
+        << when << ": " << e.what();
   } catch (const fsdp::Error& e) {
-    ADD_FAILURE() << when << ": the failure became an fsdp::Error: " << e.what();
+    // A peer's failure met this rank's collective first: named, with the peer's reason.
+    const std::string msg = e.what();
+    if (rank_dependent(f) && N > 1 && e.kind() == fsdp::ErrorKind::kStepAbandoned) {
+      EXPECT_NE(msg.find("abandoned forward pass"), std::string::npos) << when << ": " << msg;
+      EXPECT_NE(msg.find("its step failed: "), std::string::npos) << when << ": " << msg;
+    } else {
+      ADD_FAILURE() << when << ": the failure became an fsdp::Error: " << msg;
+    }
   } catch (const c10::Error& e) {
-    EXPECT_TRUE(f == Failure::kUserCheckInUnit || f == Failure::kAccumulationForward) << when << ": " << e.what();
+    EXPECT_TRUE(f == Failure::kUserCheckInUnit || f == Failure::kAccumulationForward ||
+                (rank_dependent(f) && model->mid->reject))
+        << when << ": " << e.what();
+    EXPECT_TRUE(f != Failure::kOneRankAlone || r == N - 1) << when << ": a rank whose batch was fine failed with "
+                                                            << e.what();
     EXPECT_EQ(std::string(e.what_without_backtrace()).rfind("bad batch: token id 50321", 0), 0u)
         << when << ": the user's message does not come first: " << e.what_without_backtrace();
   } catch (const std::exception& e) {
-    EXPECT_TRUE(f == Failure::kBackwardHook || f == Failure::kAccumulation) << when << ": " << e.what();
-    EXPECT_NE(std::string(e.what()).find("NaN guard"), std::string::npos) << when << ": " << e.what();
+    EXPECT_TRUE(f == Failure::kBackwardHook || f == Failure::kAccumulation || f == Failure::kRankDependentForward ||
+                f == Failure::kRankDependentBackward)
+        << when << ": " << e.what();
+    const std::string msg = e.what();
+    EXPECT_TRUE(msg.find("NaN guard") != std::string::npos || msg.find("bad batch: rejected after") != std::string::npos)
+        << when << ": " << msg;
   }
   fsdp::accounting::clear_memory_budget();
   fsdp::set_requires_gradient_sync(model, true);
   model->failure = Failure::kNone;
   model->mid->reject = false;
+  model->throw_after_fc1 = model->throw_after_fc3 = model->hook_after_mid = false;
   expect_clean(model, when);
   return false;
 }
 
-}  // namespace
 
 // The loop catches, skips the batch (zero_grad at the top of every step) and goes on: parameters
 // after every trained step, and gradients, equal a single-process run of the batches that trained.
-TEST(FailedSteps, SkippedBatchesEqualARunThatNeverSawThem) {
+void expect_skipped_batches_never_seen(const std::vector<Failure>& plan) {
   auto g = world();
   const int N = g->size(), r = g->rank();
-  const std::vector<Failure> plan{Failure::kNone,         Failure::kUserCheckInUnit, Failure::kNone,
-                                  Failure::kBackwardHook, Failure::kOomInForward,    Failure::kNone,
-                                  Failure::kOomInBackward, Failure::kAccumulation,   Failure::kNone,
-                                  Failure::kAccumulationForward, Failure::kNone};
+  const auto expected = static_cast<int>(std::count(plan.begin(), plan.end(), Failure::kNone));
   fsdp::accounting::install_counting_allocator();
   for (auto s : implemented_strategies()) {
     SCOPED_TRACE(fsdp::to_string(s));
@@ -210,38 +262,58 @@ TEST(FailedSteps, SkippedBatchesEqualARunThatNeverSawThem) {
       expect_clean(model, when);
       ++trained;
     }
-    EXPECT_EQ(trained, 5);
+    EXPECT_EQ(trained, expected);
   }
 }
 
-// no_shard issues no collective in forward, and its bucket all-reduces look alike from step to
-// step: a rank whose forward failed alone and that went on to the next batch used to pair its
-// all-reduces with its peers' previous step, silently. The training forward each collective
-// belongs to is part of the collective check: every rank throws kMismatch naming both.
-TEST(FailedSteps, RankSkippingABatchAloneIsNamedNotPaired) {
-  auto g = world();
-  const int N = g->size(), r = g->rank();
+}  // namespace
+
+TEST(FailedSteps, SkippedBatchesEqualARunThatNeverSawThem) {
+  expect_skipped_batches_never_seen({Failure::kNone, Failure::kUserCheckInUnit, Failure::kNone, Failure::kBackwardHook,
+                                     Failure::kOomInForward, Failure::kNone, Failure::kOomInBackward,
+                                     Failure::kAccumulation, Failure::kNone, Failure::kAccumulationForward,
+                                     Failure::kNone});
+}
+
+// Ranks whose step fails at different points have issued different numbers of its collectives,
+// and a rank whose batch is fine would wait in a collective its failed peer never issues: every
+// rank skips the step, the peers that had not failed by themselves with kStepAbandoned naming the
+// rank, and the following steps equal a run that never saw the batch.
+TEST(FailedSteps, RanksFailingAtDifferentPointsAllSkipTheStep) {
+  expect_skipped_batches_never_seen({Failure::kNone, Failure::kRankDependentForward, Failure::kNone,
+                                     Failure::kRankDependentBackward, Failure::kOneRankAlone, Failure::kNone,
+                                     Failure::kRankDependentOom, Failure::kRankDependentForward, Failure::kNone});
+}
+
+// A rank whose step fails after its peers have finished it (they are at a collective of no step,
+// or of the next one) cannot be paired back: one rank applied the step the other skipped. Every
+// rank gets kMismatch naming both sides, and the group refuses every later collective with that
+// reason instead of training on shards that disagree. On a group of its own: this test leaves it
+// unusable.
+TEST(FailedSteps, RankThatFinishedTheStepAnotherAbandonedIsNamed) {
+  auto world_group = world();
+  const int N = world_group->size(), r = world_group->rank();
   if (N < 2) GTEST_SKIP() << "needs two ranks";
+  auto g = world_group->split(0, r);
   torch::manual_seed(3);
   auto model = LoopNet().ptr();
-  fsdp::FullyShardOptions o = options_for(S::kNoShard, N);
-  fsdp::fully_shard(model->fc1.ptr(), g, o);
-  fsdp::fully_shard(model->mid.ptr(), g, o);
-  fsdp::fully_shard(model->fc3.ptr(), g, o);
-  fsdp::fully_shard(model, g, o);
+  fsdp::fully_shard_tree(model, g, top_level_units(), options_for(S::kNoShard, N));
   auto [x, y] = regression_batch(0, N * kRows, kIn, kOut);
   rank_loss(model, x, y, r).backward();  // training forward 1 on every rank
   if (r == N - 1) {
-    model->mid->reject = true;  // this rank's forward 2 fails, and it goes on with its batch 3
+    model->mid->reject = true;  // no_shard's forward issues no collective: the peers are past the step
     EXPECT_THROW(rank_loss(model, x, y, r), c10::Error);
     model->mid->reject = false;
+  } else {
+    expect_mismatch([&] { g->barrier()->wait(); }, "a collective of no step paired with an abandoned step",
+                    {"ranks left a step at different points", "rank " + std::to_string(N - 1) + " issued nothing more of "
+                     "forward pass 2 (its step failed: bad batch: token id 50321", "restore the last checkpoint"});
   }
-  expect_mismatch([&] { rank_loss(model, x, y, r).backward(); },
-                  "a rank one training step ahead paired its gradient all-reduces with its peers'",
-                  {"(forward pass 2)", "(forward pass 3)",
-                   N == 2 ? "rank 1 differs from rank 0" : "rank " + std::to_string(N - 1)});
-  expect_clean(model, "after the mismatch");
-  g->barrier()->wait();  // the group is still in step
+  expect_clean(model, "after the abandoned step");
+  EXPECT_NE(g->diverged().find("ranks left a step at different points"), std::string::npos) << g->diverged();
+  expect_mismatch([&] { rank_loss(model, x, y, r).backward(); }, "a diverged group ran a step",
+                  {"refuses every collective", "ranks left a step at different points"});
+  world_group->barrier()->wait();  // other groups are untouched
 }
 
 namespace {

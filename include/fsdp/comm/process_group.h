@@ -141,6 +141,10 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   /// True when the ranks are simulated in this process without data (comm::simulated_world).
   bool simulated() const;
 
+  /// Why this group refuses every op since ranks were found to have left a step at different
+  /// points ([Note: abandoned steps]); "" while it does not.
+  std::string diverged() const;
+
   /// Counters of this group and of every group split from it (one object per family of groups).
   CommStats& stats() { return *stats_; }
   std::shared_ptr<CommStats> stats_ptr() const { return stats_; }
@@ -158,7 +162,11 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options, std::string name,
                std::shared_ptr<Family> family);
 
-  // The fixed-size description exchanged by the collective check.
+  friend void abandon_step(const std::vector<ProcessGroup*>& groups, int64_t forward_pass, const std::string& reason);
+
+  // The fixed-size description exchanged by the collective check. An abandon marker
+  // (kind == kAbandonKind) carries the failed step's reason in unit[].
+  static constexpr int32_t kAbandonKind = 1000;
   struct Signature {
     int64_t seq;
     int32_t kind;
@@ -182,6 +190,7 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
     std::function<void()> fn;
     WorkPtr work;
     WorkPtr after;  // the op starts once this has completed (null: at once)
+    std::shared_ptr<bool> all_abandoned;  // an abandon marker: set when every rank's op was one
   };
   struct Described {  // what enqueue needs to know of an op
     CollectiveKind kind;
@@ -191,13 +200,20 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
     const OpTag* tag;
     int64_t logical_bytes;  // < 0: not counted in stats (set-up)
   };
-  WorkPtr enqueue(const Described& d, std::function<void()> fn, WorkPtr after = nullptr);
+  WorkPtr enqueue(const Described& d, std::function<void()> fn, WorkPtr after = nullptr,
+                  std::shared_ptr<bool> all_abandoned = nullptr);
+  // Queues one abandon marker for `forward_pass`; *all_abandoned is set once it ran, when every
+  // rank's op at its position was a marker of the same pass.
+  WorkPtr issue_abandon_marker(int64_t forward_pass, const std::string& reason, std::shared_ptr<bool> all_abandoned);
   void worker_loop();
   // Runs one op: its dependency, check, deadline, fn; records times, releases tensors, completes
   // the Work.
   void run_op(Op& op);
-  // The collective check: throws kMismatch on every rank when the signatures differ.
-  void check_same_op(const Op& op);
+  // The collective check: throws kMismatch on every rank when the signatures differ; an abandon
+  // marker among them is settled by settle_abandoned instead.
+  void check_same_op(Op& op);
+  // [Note: abandoned steps] The signatures of one position, some of them abandon markers.
+  void settle_abandoned(Op& op, const Signature* sigs);
   // A failure that leaves the group unusable (timeout): record, dump, arm the abort.
   void on_unrecoverable(const std::string& what);
   // The op as errors name it; `unit` (when given) replaces the signature's truncated unit name.
@@ -226,6 +242,7 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   int64_t next_seq_ = 0;
   bool stopping_ = false;
   std::string broken_;  // why the group is unusable ("" while usable); guarded by mu_
+  std::string diverged_;  // why the group refuses every op (abandoned steps); guarded by mu_
   std::string dump_error_;  // why the last flight-recorder dump failed ("" when written); guarded by mu_
   std::thread worker_;
 };
@@ -237,6 +254,22 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 /// hybrid_shard's per-host shard groups need. Throws fsdp::Error (kUnsupported) naming every
 /// host's ranks otherwise. Not collective (every rank computes the same answer).
 int uniform_ranks_per_host(const ProcessGroup& group);
+
+/// [Note: abandoned steps] Puts `groups` back in step after this rank abandoned a step that
+/// failed (an exception in an FSDP tree's forward or backward), when its peers may have issued
+/// more or fewer of the step's collectives than this rank. Collective over every group, called by
+/// every rank whose step failed, for the same forward_pass (OpTag::forward_pass); blocks until
+/// every rank of each group has called it. Each round queues one marker on every group not yet
+/// settled and waits for them: a peer's collective paired with a marker is not run and fails on
+/// that peer with fsdp::Error (kStepAbandoned) naming this rank and `reason` (its first 63 bytes),
+/// so that the peer's step fails too and it calls abandon_step; a group is settled at the first
+/// position where every rank's op is a marker, from which its ops pair again. This rank's own
+/// queued collectives complete or fail before it returns. Throws fsdp::Error (kMismatch) when a
+/// peer's collective at a marker's position belongs to another forward pass or to no step (a rank
+/// finished the step this one abandoned: their parameters no longer agree): the group then refuses
+/// every later op with that message; kTimeout as any collective. groups: distinct, the same on
+/// every rank, in any order.
+void abandon_step(const std::vector<ProcessGroup*>& groups, int64_t forward_pass, const std::string& reason);
 
 /// Every rank's `mine`, in rank order (element r is rank r's string; any lengths, any bytes).
 /// Collective and blocking over group: two all-gathers (the lengths as int64, then the bytes

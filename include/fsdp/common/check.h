@@ -21,9 +21,10 @@ enum class ErrorKind {
   kCorruptData,      ///< input read from disk is not what it claims (checkpoint, import file)
   kIo,               ///< the file system refused an operation (open, write, rename, fsync)
   kUnsupported,      ///< a valid request this build does not implement (rejected, never downgraded)
+  kStepAbandoned,    ///< another rank's step failed: this rank's collectives of that step are not run
 };
 /// "invalid argument", "mismatch across ranks", "illegal call order", "collective failed",
-/// "timeout", "out of memory", "corrupt data", "I/O error", "unsupported".
+/// "timeout", "out of memory", "corrupt data", "I/O error", "unsupported", "step abandoned".
 const char* to_string(ErrorKind kind);
 
 /// Where an error happened. rank: this process's rank in the group of the failing operation (-1
