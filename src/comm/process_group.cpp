@@ -129,7 +129,8 @@ void ProcessGroup::worker_loop() {
   }
 }
 
-std::string ProcessGroup::describe(const Signature& s, const std::string* unit) const {
+std::string ProcessGroup::describe(const Signature& s, const Op* whole) const {
+  const std::string* unit = whole ? &whole->unit : nullptr;
   if (s.kind == kAbandonKind) {
     return str_cat("nothing more of forward pass ", s.forward_pass, " (its step failed: ", s.unit, ")");
   }
@@ -138,7 +139,7 @@ std::string ProcessGroup::describe(const Signature& s, const std::string* unit) 
   if (s.reduce_op >= 0) d += str_cat(" (", to_string(static_cast<ReduceOp>(s.reduce_op)), ")");
   if (s.root >= 0) d += str_cat(" from root ", s.root);
   if (unit ? !unit->empty() : s.unit[0] != 0) d += str_cat(", unit '", unit ? *unit : std::string(s.unit), "'");
-  if (s.phase[0]) d += str_cat(", ", s.phase);
+  if (whole ? !whole->phase.empty() : s.phase[0] != 0) d += str_cat(", ", whole ? whole->phase : std::string(s.phase));
   if (s.forward_pass >= 0) d += str_cat(" (forward pass ", s.forward_pass, ")");
   return d;
 }
@@ -222,7 +223,7 @@ void ProcessGroup::settle_abandoned(Op& op, const Signature* sigs) {
     if (op.signature.kind == kAbandonKind) return;  // a peer is still in the step: another round
     throw Error(ErrorKind::kStepAbandoned, ErrorContext{rank_, op.signature.unit, to_string(op.kind)},
                 str_cat(ranks(markers), " abandoned forward pass ", pass, " (its step failed: ", reason,
-                        "); collective #", op.seq, " of group '", name_, "' (", describe(op.signature, &op.unit),
+                        "); collective #", op.seq, " of group '", name_, "' (", describe(op.signature, &op),
                         ") is not run: the step fails on every rank, and the loop goes on with the next one"));
   }
   std::string msg = str_cat("ranks left a step at different points, at collective #", op.seq, " of group '", name_,
@@ -322,7 +323,7 @@ void ProcessGroup::run_op(Op& op) {
     op.fn();
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kTimeout && e.message().find("the group is unusable since") == std::string::npos) {
-      const std::string what = str_cat("collective #", op.seq, " of group '", name_, "' (", describe(op.signature, &op.unit),
+      const std::string what = str_cat("collective #", op.seq, " of group '", name_, "' (", describe(op.signature, &op),
                                        ", ", op.bytes, " bytes) did not complete within ", options_.timeout_s,
                                        " s on rank ", rank_, " (world rank ", family_->root_rank, ")");
       on_unrecoverable(what);
@@ -384,6 +385,7 @@ WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn, Work
   if (d.tag) {
     op.signature.forward_pass = d.tag->forward_pass;
     op.unit = d.tag->unit;
+    op.phase = d.tag->phase;
     op.signature.unit_hash = fnv1a64(d.tag->unit);  // the same on every host (std::hash may differ)
     std::strncpy(op.signature.unit, d.tag->unit.c_str(), sizeof(op.signature.unit) - 1);
     std::strncpy(op.signature.phase, d.tag->phase.c_str(), sizeof(op.signature.phase) - 1);
@@ -582,10 +584,12 @@ WorkPtr ProcessGroup::issue_abandon_marker(int64_t forward_pass, const std::stri
   return enqueue(d, [] {}, nullptr, std::move(all_abandoned));
 }
 
-void abandon_step(const std::vector<ProcessGroup*>& groups, int64_t forward_pass, const std::string& reason) {
+int abandon_step(const std::vector<ProcessGroup*>& groups, int64_t forward_pass, const std::string& reason) {
   std::vector<ProcessGroup*> open = groups;
   std::exception_ptr first_error;
+  int rounds = 0;
   while (!open.empty()) {
+    ++rounds;
     std::vector<std::pair<WorkPtr, std::shared_ptr<bool>>> round;
     for (ProcessGroup* g : open) {
       auto all = std::make_shared<bool>(false);
@@ -610,6 +614,7 @@ void abandon_step(const std::vector<ProcessGroup*>& groups, int64_t forward_pass
     open = std::move(still_open);
   }
   if (first_error) std::rethrow_exception(first_error);
+  return rounds;
 }
 
 c10::DeviceType ProcessGroup::device_type() const { return backend_->device_type(); }

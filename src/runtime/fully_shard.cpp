@@ -253,6 +253,11 @@ void set_requires_gradient_sync(const std::shared_ptr<torch::nn::Module>& root, 
   for (const auto& u : units_of(root)) u->set_requires_gradient_sync(sync);
 }
 
+void abandon_step(const std::shared_ptr<torch::nn::Module>& root) {
+  const auto unit = root ? find_unit(root.get()) : nullptr;
+  if (unit && unit->scheduler()) unit->scheduler()->abandon_pending_pass();
+}
+
 void wait_for_pending(const std::shared_ptr<torch::nn::Module>& root) {
   for (const auto& u : units_of(root)) u->finish_reduce_scatter();
 }

@@ -25,6 +25,7 @@ std::vector<std::shared_ptr<FSDPUnit>> Scheduler::units() const {
 
 void Scheduler::begin_forward(const ErrorContext& where, bool grad_enabled) {
   FSDP_CHECK(!in_forward_, ErrorKind::kState, where, "root forward re-entered");
+  abandon_pending_pass();
   in_forward_ = true;
   if (grad_enabled) ++forward_pass_;
   forward_order_.clear();
@@ -42,6 +43,7 @@ void Scheduler::prefetch_next(int64_t index) {
 
 void Scheduler::end_forward(bool grad_enabled) {
   in_forward_ = false;
+  backward_pending_ = grad_enabled;
   last_forward_order_ = forward_order_;
   if (!grad_enabled) {
     // Inference: nothing stays gathered (prefetched units that were not used included).
@@ -64,14 +66,14 @@ void Scheduler::end_forward(bool grad_enabled) {
 // pairs the collectives one rank issued and another did not, and a peer still in the step fails
 // it too ([Note: abandoned steps] in process_group.cpp); only then are the in-flight works waited
 // for, which no longer wait on a peer.
-void Scheduler::abandon_collectives(const char* phase) noexcept {
+int Scheduler::abandon_collectives(const char* otherwise) noexcept {
   std::vector<comm::ProcessGroup*> groups;
   for (const auto& u : units()) {
     for (const auto* g : {&u->group(), &u->shard_group(), &u->replicate_group()}) {
       if (*g && std::find(groups.begin(), groups.end(), g->get()) == groups.end()) groups.push_back(g->get());
     }
   }
-  std::string reason = str_cat("its ", phase, " threw");
+  std::string reason = otherwise;  // unless an exception is being handled
   if (auto e = std::current_exception()) {
     try {
       std::rethrow_exception(e);
@@ -84,23 +86,39 @@ void Scheduler::abandon_collectives(const char* phase) noexcept {
   reason = reason.substr(0, reason.find('\n'));
   if (reason.rfind("[fsdp", 0) == 0 && reason.find("] ") != std::string::npos) reason = reason.substr(reason.find("] ") + 2);
   try {
-    comm::abandon_step(groups, forward_pass_, reason);
+    return comm::abandon_step(groups, forward_pass_, reason);
   } catch (...) {
     // A group that could not be put back (timed out, or a peer finished the step) refuses its later
     // collectives with the reason, on every rank; the step's own error is the caller's to report.
+    return 0;
   }
+}
+
+void Scheduler::abandon_pending_pass() {
+  if (!backward_pending_) return;
+  backward_pending_ = false;
+  // Every rank that skipped this backward alike settles in one round, and nothing is dropped (a
+  // forward run with grad enabled and no backward, e.g. an evaluation, is legal); a peer that went
+  // on into its backward had its step failed by the markers and dropped its gradients: so does
+  // this rank.
+  if (abandon_collectives("its backward never started") == 1) return;
+  for (const auto& u : units()) u->reset_after_error(/*drop_grads=*/true);
+  last_reduce_scatter_.reset();
+  unsynced_since_sync_ = false;
 }
 
 void Scheduler::abort_forward() {
   in_forward_ = false;
-  abandon_collectives("forward");
+  backward_pending_ = false;
+  abandon_collectives("its forward threw");
   for (const auto& u : units()) u->reset_after_error(/*drop_grads=*/true);
   unsynced_since_sync_ = false;  // no unsharded gradient is left on any unit
 }
 
 void Scheduler::abort_backward() {
   callback_queued_ = false;
-  abandon_collectives("backward");
+  backward_pending_ = false;
+  abandon_collectives("its backward threw");
   for (const auto& u : units()) u->reset_after_error(/*drop_grads=*/true);
   last_reduce_scatter_.reset();
   unsynced_since_sync_ = false;  // no unsharded gradient is left on any unit
@@ -147,6 +165,7 @@ struct BackwardGuard {
 }  // namespace
 
 void Scheduler::ensure_final_callback() {
+  backward_pending_ = false;  // the backward started: a failure from here on is abort_backward's
   if (callback_queued_) return;
   callback_queued_ = true;
   auto guard = std::make_shared<BackwardGuard>(weak_from_this());

@@ -46,6 +46,14 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// dropped (those accumulated without sync by earlier micro-batches). Never throws: a group that
   /// cannot be put back refuses its later collectives with the reason.
   void abort_forward();
+  /// The tree's last training forward ended and its backward never started: the step failed in
+  /// between (the loss, the start of backward before any unit's hook) on this rank, or the loop
+  /// dropped it. Abandons that forward pass as a failed step does (comm::abandon_step over the
+  /// tree's groups, collective and blocking), and when a peer had gone on into its backward (its
+  /// collectives met this rank's markers and failed), drops what a failed step drops, so every
+  /// rank keeps the same state. No-op when no backward is pending. Never throws. Called by the
+  /// root's next forward, and by fsdp::abandon_step.
+  void abandon_pending_pass();
   /// Training forwards of this tree so far (root forwards run with grad enabled). Every collective
   /// of the tree carries it into the collective check, so a rank that ran one training forward
   /// more or fewer than its peers fails at its next collective instead of pairing with another
@@ -80,7 +88,9 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
  private:
   // [Note: abandoned steps] in process_group.cpp: every group the tree's units use, put back in
   // step with the peers that may have issued more or fewer of the failed step's collectives.
-  void abandon_collectives(const char* phase) noexcept;
+  // The reason sent to the peers: the exception being handled, or `otherwise`. Returns the
+  // rounds abandon_step took (0 when it failed).
+  int abandon_collectives(const char* otherwise) noexcept;
 
   // Issues the all-gather of the unit (if alive) when it is sharded and the bound allows it.
   void prefetch(const std::weak_ptr<FSDPUnit>& unit, const char* phase);
@@ -100,6 +110,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   bool in_forward_ = false;
   int64_t forward_pass_ = 0;
   bool callback_queued_ = false;
+  bool backward_pending_ = false;  // a training forward ended and its backward has not started
   bool unsynced_since_sync_ = false;  // a backward ran with sync off since the last synced one
   std::weak_ptr<FSDPUnit> last_reduce_scatter_;
   int64_t unsharded_param_bytes_ = 0;

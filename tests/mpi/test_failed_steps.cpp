@@ -41,12 +41,21 @@ enum class Failure {
   kRankDependentBackward,  // even ranks: the hook after fc3's gradients; odd: after mid's backward
   kRankDependentOom,       // rank 0's budget refuses its forward, the others' a backward hook's
   kOneRankAlone,           // only the last rank's forward fails (mid's check)
+  // Between forward and backward (the loss), where no FSDP hook runs:
+  kLossEveryRank,           // every rank's loss throws: nothing to settle
+  kLossOneRank,             // the last rank's loss throws; its next forward settles the peers' backward
+  kLossOneRankAbandoned,    // the same, and the loop calls fsdp::abandon_step in its catch
 };
+
+bool fails_in_loss(Failure f, int r, int N) {
+  return f == Failure::kLossEveryRank || ((f == Failure::kLossOneRank || f == Failure::kLossOneRankAbandoned) && r == N - 1);
+}
 
 // The step fails at a point that depends on the rank: a peer's failure may reach a rank first.
 bool rank_dependent(Failure f) {
   return f == Failure::kRankDependentForward || f == Failure::kRankDependentBackward ||
-         f == Failure::kRankDependentOom || f == Failure::kOneRankAlone;
+         f == Failure::kRankDependentOom || f == Failure::kOneRankAlone || f == Failure::kLossOneRank ||
+         f == Failure::kLossOneRankAbandoned;
 }
 
 const char* name_of(Failure f) {
@@ -62,6 +71,9 @@ const char* name_of(Failure f) {
     case Failure::kRankDependentBackward: return "backward failing at a rank-dependent point";
     case Failure::kRankDependentOom: return "budget refusing at a rank-dependent point";
     case Failure::kOneRankAlone: return "one rank's forward failing alone";
+    case Failure::kLossEveryRank: return "every rank's loss failing";
+    case Failure::kLossOneRank: return "one rank's loss failing";
+    case Failure::kLossOneRankAbandoned: return "one rank's loss failing, then fsdp::abandon_step";
   }
   return "?";
 }
@@ -166,6 +178,10 @@ bool run_step(const std::shared_ptr<LoopNetImpl>& model, torch::optim::Optimizer
       if (f == Failure::kAccumulation) model->failure = Failure::kBackwardHook;
       model->mid->reject = f == Failure::kAccumulationForward;
       (rank_loss(model, x, y, r) * 0.5).backward();
+    } else if (f == Failure::kLossEveryRank || f == Failure::kLossOneRank || f == Failure::kLossOneRankAbandoned) {
+      at::Tensor loss = rank_loss(model, x, y, r);
+      if (fails_in_loss(f, r, N)) throw std::runtime_error("bad batch: rejected in the loss");
+      loss.backward();
     } else if (rank_dependent(f)) {
       if (f == Failure::kRankDependentForward) {
         model->throw_after_fc1 = r % 3 == 0;
@@ -217,11 +233,19 @@ bool run_step(const std::shared_ptr<LoopNetImpl>& model, torch::optim::Optimizer
         << when << ": the user's message does not come first: " << e.what_without_backtrace();
   } catch (const std::exception& e) {
     EXPECT_TRUE(f == Failure::kBackwardHook || f == Failure::kAccumulation || f == Failure::kRankDependentForward ||
-                f == Failure::kRankDependentBackward)
+                f == Failure::kRankDependentBackward || fails_in_loss(f, r, N))
         << when << ": " << e.what();
     const std::string msg = e.what();
-    EXPECT_TRUE(msg.find("NaN guard") != std::string::npos || msg.find("bad batch: rejected after") != std::string::npos)
+    EXPECT_TRUE(msg.find("NaN guard") != std::string::npos || msg.find("bad batch: rejected ") != std::string::npos)
         << when << ": " << msg;
+  }
+  if (fails_in_loss(f, r, N)) {
+    // No FSDP hook saw this failure: the tree still awaits the backward (the root's params stay
+    // gathered) until the next forward abandons the pass, or the loop does at once. When a peer
+    // was in that backward, the pass is dropped on every rank, and the tree is clean.
+    if (f != Failure::kLossOneRankAbandoned) return false;
+    fsdp::abandon_step(model);
+    if (N == 1) return false;
   }
   fsdp::accounting::clear_memory_budget();
   fsdp::set_requires_gradient_sync(model, true);
@@ -278,11 +302,15 @@ TEST(FailedSteps, SkippedBatchesEqualARunThatNeverSawThem) {
 // Ranks whose step fails at different points have issued different numbers of its collectives,
 // and a rank whose batch is fine would wait in a collective its failed peer never issues: every
 // rank skips the step, the peers that had not failed by themselves with kStepAbandoned naming the
-// rank, and the following steps equal a run that never saw the batch.
+// rank, and the following steps equal a run that never saw the batch. Also when the failure is
+// between forward and backward (the loss), where no FSDP hook sees it: on every rank, on one
+// (settled by its next forward, or at once by fsdp::abandon_step).
 TEST(FailedSteps, RanksFailingAtDifferentPointsAllSkipTheStep) {
   expect_skipped_batches_never_seen({Failure::kNone, Failure::kRankDependentForward, Failure::kNone,
                                      Failure::kRankDependentBackward, Failure::kOneRankAlone, Failure::kNone,
-                                     Failure::kRankDependentOom, Failure::kRankDependentForward, Failure::kNone});
+                                     Failure::kRankDependentOom, Failure::kRankDependentForward, Failure::kNone,
+                                     Failure::kLossOneRank, Failure::kNone, Failure::kLossOneRankAbandoned,
+                                     Failure::kLossEveryRank, Failure::kNone});
 }
 
 // A rank whose step fails after its peers have finished it (they are at a collective of no step,

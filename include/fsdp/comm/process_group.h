@@ -162,7 +162,7 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options, std::string name,
                std::shared_ptr<Family> family);
 
-  friend void abandon_step(const std::vector<ProcessGroup*>& groups, int64_t forward_pass, const std::string& reason);
+  friend int abandon_step(const std::vector<ProcessGroup*>& groups, int64_t forward_pass, const std::string& reason);
 
   // The fixed-size description exchanged by the collective check. An abandon marker
   // (kind == kAbandonKind) carries the failed step's reason in unit[].
@@ -185,7 +185,8 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
     int64_t bytes;
     int64_t seq;
     Signature signature;
-    std::string unit;  // the whole unit name (signature.unit holds its first 63 bytes)
+    std::string unit;   // the whole unit name (signature.unit holds its first 63 bytes)
+    std::string phase;  // the whole phase (signature.phase holds its first 23 bytes)
     uint64_t record_id;
     std::function<void()> fn;
     WorkPtr work;
@@ -216,8 +217,9 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   void settle_abandoned(Op& op, const Signature* sigs);
   // A failure that leaves the group unusable (timeout): record, dump, arm the abort.
   void on_unrecoverable(const std::string& what);
-  // The op as errors name it; `unit` (when given) replaces the signature's truncated unit name.
-  std::string describe(const Signature& s, const std::string* unit = nullptr) const;
+  // The op as errors name it; `whole` (this rank's op, when given) replaces the signature's
+  // truncated unit and phase with the whole strings.
+  std::string describe(const Signature& s, const Op* whole = nullptr) const;
   // Validation on the calling thread.
   void check_tensor(const char* op, const char* what, const at::Tensor& t) const;
   // bf16/fp16 reductions: all-to-all of the blocks, float32 sum in rank order, one rounding.
@@ -268,8 +270,9 @@ int uniform_ranks_per_host(const ProcessGroup& group);
 /// peer's collective at a marker's position belongs to another forward pass or to no step (a rank
 /// finished the step this one abandoned: their parameters no longer agree): the group then refuses
 /// every later op with that message; kTimeout as any collective. groups: distinct, the same on
-/// every rank, in any order.
-void abandon_step(const std::vector<ProcessGroup*>& groups, int64_t forward_pass, const std::string& reason);
+/// every rank, in any order. Returns the rounds it took: 1 when every rank of every group was
+/// already at its marker (no peer had issued a collective this rank had not).
+int abandon_step(const std::vector<ProcessGroup*>& groups, int64_t forward_pass, const std::string& reason);
 
 /// Every rank's `mine`, in rank order (element r is rank r's string; any lengths, any bytes).
 /// Collective and blocking over group: two all-gathers (the lengths as int64, then the bytes
