@@ -7,6 +7,11 @@
       timeout + 15 s of the stop (plus start-up slack), the output names the timed-out collective
       (number, op) and the stopped rank, and fsdp-diagnose on the flight-recorder dumps names the
       stopped rank as the one that left no dump while the others wait in one collective.
+      Then a rank stalls inside a checkpoint save, and inside a resume's load (test-only
+      FSDP_TRAIN_INJECT_STALL stops it as it enters the operation), rank 0 in one case and rank
+      N-1 in the other: the job ends, each live rank's own error line names the operation and the
+      collective, fsdp-train's diagnosis names the stalled rank (rank 0 included), and no
+      checkpoint is published by the stalled save.
   stall_e2e.py diverge N --mpi-tests fsdp_mpi_tests --diagnose fsdp-diagnose
       The MPI test in which ranks route to different units (an fsdp::Error of kind mismatch on
       every rank) runs with FSDP_FLIGHT_RECORDER_DIR set; fsdp-diagnose on its dumps names the
@@ -141,6 +146,51 @@ def test_stall(opts, n, tmp):
             p.wait()
 
 
+def test_checkpoint_stall(opts, n, tmp, phase, victim):
+    fr_dir = os.path.join(tmp, "fr-" + phase)
+    ck = os.path.join(tmp, "ck-" + phase)
+    mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), opts.bin]
+    base = ["--data-dir", opts.data_dir, "--model", "nano", "--n-layer", "2", "--n-embd", "64",
+            "--global-batch-size", "4", "--seq-len", "32", "--eval-every", "0", "--progress", "lines",
+            "--collective-timeout", str(TIMEOUT_S), "--save", ck]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if phase == "load":
+        p = subprocess.run(mpirun + base + ["--steps", "2", "--save-every", "2"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=env, timeout=120)
+        if p.returncode != 0:
+            fail(f"the run that saves the checkpoint to resume failed (rc {p.returncode}):\n{p.stdout[-2000:]}")
+        args = base + ["--steps", "4", "--resume", "latest"]
+    else:
+        args = base + ["--steps", "4", "--save-every", "2"]
+    args += ["--flight-recorder-dir", fr_dir]
+    t0 = time.time()
+    try:
+        p = subprocess.run(mpirun + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=dict(env, FSDP_TRAIN_INJECT_STALL=f"{phase}:{victim}"), timeout=EXIT_BOUND_S + 90)
+    except subprocess.TimeoutExpired:
+        fail(f"N={n}: rank {victim} stalled in the {phase}: the job still runs after {EXIT_BOUND_S + 90} s")
+    out = p.stdout
+    print(f"N={n}: rank {victim} stalled in the checkpoint {phase}; job exited with rc {p.returncode} "
+          f"after {time.time() - t0:.1f} s")
+    if p.returncode == 0:
+        fail(f"the job exited 0 after rank {victim} stalled in the {phase}")
+    flag = "--save" if phase == "save" else "--resume"
+    lines = [l for l in out.splitlines() if l.startswith("fsdp-train [rank") and "error:" in l]
+    named = [l for l in lines if flag in l and re.search(r"collective #\d+ [^\n]*did not complete", l)]
+    if not named:
+        fail(f"no rank's error line names {flag} and the timed-out collective:\n{out[-3000:]}")
+    if f"rank {victim} was stopped" not in out and not any(
+            f"rank {victim} {x}" in out for x in ("left no dump", "was suspended", "is behind")):
+        fail(f"fsdp-train's own output does not name the stalled rank {victim}:\n{out[-3000:]}")
+    for bad in ("terminate called", "Exception raised from", "Segmentation fault"):
+        if bad in out:
+            fail(f"'{bad}' in the output:\n{out[-3000:]}")
+    if phase == "save":
+        published = [d for d in os.listdir(ck) if d.startswith("step-")] if os.path.isdir(ck) else []
+        if published or os.path.exists(os.path.join(ck, "latest")):
+            fail(f"the stalled save published {published} (latest: {os.path.exists(os.path.join(ck, 'latest'))})")
+
+
 def test_diverge(opts, n, tmp):
     fr_dir = os.path.join(tmp, "flight-recorder")
     env = dict(os.environ, OMP_NUM_THREADS="1", FSDP_FLIGHT_RECORDER_DIR=fr_dir)
@@ -174,7 +224,14 @@ def main():
         print(f"SKIP: no prepared data in {opts.data_dir} (scripts/prepare_data.sh)")
         return 77
     with tempfile.TemporaryDirectory() as tmp:
-        (test_stall if opts.mode == "stall" else test_diverge)(opts, opts.n, tmp)
+        if opts.mode == "stall":
+            test_stall(opts, opts.n, tmp)
+            # Rank 0 stalls in one phase and rank N-1 in the other, the pairing swapped between N.
+            first, last = (0, opts.n - 1) if opts.n == 2 else (opts.n - 1, 0)
+            test_checkpoint_stall(opts, opts.n, tmp, "save", first)
+            test_checkpoint_stall(opts, opts.n, tmp, "load", last)
+        else:
+            test_diverge(opts, opts.n, tmp)
     print("PASS")
     return 0
 

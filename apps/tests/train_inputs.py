@@ -133,6 +133,22 @@ def test_rank_settings(opts, tmp):
             check("step 1/" not in p.stdout, family + ": a step ran")
 
 
+def test_budget_on_some_ranks(opts, tmp):
+    """--memory-budget on the first half of the ranks only, tight enough to refuse an allocation of
+    step 1 in the forward, the loss or the backward: the other ranks' steps are abandoned (they
+    were waiting in collectives the refused ranks never issue), every rank joins the report, one
+    line names the refused ranks, exit 1, no abort."""
+    phases = set()
+    for budget, n_each in (("6MB", 1), ("8MB", 1), ("12MB", 1), ("6MB", 2)):
+        p = run_mpmd(["--memory-budget", budget], [], n_each, opts)
+        expect_error(p, 1, "out of memory on %d of %d ranks; the others abandoned the step" % (n_each, 2 * n_each),
+                     "memory budget of %.1f MB exceeded" % float(budget[:-2]))
+        for phase in ("forward", "loss", "backward"):
+            if "] %s: memory budget" % phase in p.stderr or "' %s: memory budget" % phase in p.stderr:
+                phases.add(phase)
+    check(len(phases) >= 2, "the budgets were refused in more than one phase of the step: %s" % sorted(phases))
+
+
 def edit_manifest(ckpt_dir, fn, seal=True):
     """Edits manifest.json with fn, sealed again as a save does (train_e2e.write_manifest), or,
     with seal=False, as a hand edit leaves it: the old seal in front of the new body."""
@@ -235,6 +251,20 @@ def test_disk_full(opts, tmp):
               "the metrics failure said once, with errno: %r" % out[-600:])
         check("--trace '%s' could not be written" % os.path.join(mnt, "t.json") in out and
               not os.path.exists(os.path.join(mnt, "t.json")), "the trace failure said, no file left")
+        # --on-output-error stop: the same full disk stops every rank after the step whose metrics
+        # failed, exit 1, one line from rank 0 (after the warning naming the file and errno).
+        for n in (2, 4):
+            os.remove(m)
+            p = run(["--steps", "30", "--metrics", m, "--on-output-error", "stop",
+                     "--flight-recorder-dir", os.path.join(tmp, "fr-full")], n, opts)
+            out = p.stdout + p.stderr
+            stop = re.findall(r"fsdp-train: error: the output of rank 0 could not be written .*stopped after step (\d+)",
+                              out)
+            check(p.returncode == 1 and len(stop) == 1 and out.count("fsdp-train: error") == 1 and
+                  "step 30/30" not in p.stdout and "No space left on device" in out and
+                  "the run stops after this step" in out and "MPI_ABORT" not in out and "frame #" not in out,
+                  "N=%d --on-output-error stop on a full disk: exit %d, stopped after step %s" %
+                  (n, p.returncode, stop))
     finally:
         subprocess.run(["umount", mnt])
 
@@ -373,6 +403,7 @@ def main():
         t0 = time.time()
         test_flags(opts, tmp)
         test_rank_settings(opts, tmp)
+        test_budget_on_some_ranks(opts, tmp)
         test_token_cache(opts, tmp)
         test_disk_full(opts, tmp)
         full = test_nonfinite_and_resume(opts, tmp)

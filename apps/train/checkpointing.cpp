@@ -5,6 +5,11 @@
 #include <algorithm>
 #include <vector>
 
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+
+#include "fsdp/accounting/budget.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/export.h"
 #include "fsdp/checkpoint/import_optimizer.h"
@@ -18,14 +23,36 @@
 namespace apps::train {
 namespace {
 
-/// Runs a collective checkpoint call, turning its fsdp::Error into a CheckpointError.
+/// Runs a collective checkpoint call, turning its fsdp::Error into a CheckpointError (every rank
+/// reaches it: rank 0 reports it), except a failure of this rank's own (is_per_rank_failure).
 template <typename F>
 auto checkpoint_call(const std::string& what, F&& f) {
   try {
     return f();
+  } catch (const fsdp::OutOfMemory&) {
+    throw;  // the memory budget's report (failures.h)
   } catch (const fsdp::Error& e) {
+    // A timeout inside a save or a load is this rank's to report (its peers may be the stalled
+    // ones, or it is): the same error, its kind kept, with the operation in front.
+    if (is_per_rank_failure(e)) throw fsdp::Error(e.kind(), e.where(), what + ": " + e.message());
     throw CheckpointError(what + ": " + e.what());
   }
+}
+
+// Test-only fault injection (apps/tests/stall_e2e.py): FSDP_TRAIN_INJECT_STALL="PHASE:RANK", PHASE
+// save or load, stops rank RANK (SIGSTOP, a rank that neither dies nor answers) as it enters that
+// checkpoint operation, while its peers go on into the operation's collectives. Unset: nothing.
+// Throws UsageError for a malformed value.
+void maybe_stall(const char* phase, int rank) {
+  const char* v = std::getenv("FSDP_TRAIN_INJECT_STALL");
+  if (v == nullptr || *v == '\0') return;
+  char which[8] = {0};
+  int victim = -1, used = 0;
+  if (std::sscanf(v, "%7[a-z]:%d%n", which, &victim, &used) != 2 || v[used] != '\0' || victim < 0 ||
+      (std::string(which) != "save" && std::string(which) != "load")) {
+    throw UsageError(std::string("FSDP_TRAIN_INJECT_STALL='") + v + "': expected save:RANK or load:RANK");
+  }
+  if (std::string(which) == phase && victim == rank) std::raise(SIGSTOP);
 }
 
 }  // namespace
@@ -55,6 +82,7 @@ Resumed resume(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& m
   const std::string what = c.resume == "latest" ? "--resume latest (the newest in --save " + c.save + ")"
                                                 : "--resume " + path;
   r.path = checkpoint_call(what, [&] {
+    maybe_stall("load", group->rank());
     return fsdp::checkpoint::load_sharded(path, model, &optimizer, &st, group);
   });
   r.load_s = seconds_since(t0);
@@ -81,6 +109,7 @@ Saved save(const TrainConfig& c, const TrainProgress& progress,
   so.keep_last_k = static_cast<int>(c.keep);
   const auto t0 = Clock::now();
   std::string name = checkpoint_call("--save " + c.save, [&] {
+    maybe_stall("save", group->rank());
     return fsdp::checkpoint::save_sharded(c.save, model, &optimizer, st, group, so);
   });
   const double save_s = seconds_since(t0);

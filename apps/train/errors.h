@@ -4,8 +4,20 @@
 #pragma once
 
 #include <stdexcept>
+#include <string>
+
+#include "fsdp/common/check.h"
 
 namespace apps::train {
+
+/// True for an fsdp::Error that one rank meets alone or first (a collective that timed out or
+/// failed in its transport, a memory budget's refusal, a step a peer abandoned): it must reach the
+/// per-rank report (main.cpp: printed by the rank, a timeout diagnosed, the job ended), never be
+/// wrapped into a shared verdict that only rank 0 prints (the stalled rank may be rank 0).
+inline bool is_per_rank_failure(const fsdp::Error& e) {
+  return e.kind() == fsdp::ErrorKind::kTimeout || e.kind() == fsdp::ErrorKind::kCollective ||
+         e.kind() == fsdp::ErrorKind::kOutOfMemory || e.kind() == fsdp::ErrorKind::kStepAbandoned;
+}
 
 /// A setting the run cannot honour (a bad flag value, a size that does not divide, missing data).
 /// Thrown identically on every rank; rank 0 prints it, exit code 2.

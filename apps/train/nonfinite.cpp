@@ -15,7 +15,22 @@
 namespace apps::train {
 namespace {
 
-// Slot r of the result: 1 when `mine` holds on rank r. One all-reduce of N int64.
+bool local_grads_finite(const std::shared_ptr<torch::nn::Module>& model) {
+  for (const auto& sp : fsdp::sharded_parameters(model)) {
+    const at::Tensor g = sp.tensor.grad();
+    if (g.defined() && g.numel() > 0 && !at::isfinite(g).all().item<bool>()) return false;
+  }
+  return true;
+}
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
+}  // namespace
+
 std::vector<int> ranks_where(bool mine, fsdp::comm::ProcessGroup& group) {
   at::Tensor flags = at::zeros({group.size()}, at::kLong);  // (N,)
   if (mine) flags[group.rank()] = 1;
@@ -32,22 +47,6 @@ std::string rank_list(const std::vector<int>& ranks) {
   for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
   return s;
 }
-
-bool local_grads_finite(const std::shared_ptr<torch::nn::Module>& model) {
-  for (const auto& sp : fsdp::sharded_parameters(model)) {
-    const at::Tensor g = sp.tensor.grad();
-    if (g.defined() && g.numel() > 0 && !at::isfinite(g).all().item<bool>()) return false;
-  }
-  return true;
-}
-
-std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", v);
-  return buf;
-}
-
-}  // namespace
 
 std::optional<NonFiniteInjection> nonfinite_injection_from_env() {
   const char* v = std::getenv("FSDP_TRAIN_INJECT_NONFINITE");

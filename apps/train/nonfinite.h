@@ -13,12 +13,19 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <torch/nn/module.h>
 
 #include "fsdp/comm/process_group.h"
 
 namespace apps::train {
+
+/// The ranks of `group` where `mine` holds, ascending. Collective and blocking: one all-reduce of
+/// N int64 (slot r: rank r's flag); every rank calls it at the same point.
+std::vector<int> ranks_where(bool mine, fsdp::comm::ProcessGroup& group);
+/// "rank 3" or "ranks 0, 2".
+std::string rank_list(const std::vector<int>& ranks);
 
 /// Test-only fault injection from FSDP_TRAIN_INJECT_NONFINITE="STEP:RANK": that rank multiplies
 /// its loss by NaN before the backward of that step. Unset: nullopt. Throws UsageError for a

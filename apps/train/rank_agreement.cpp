@@ -98,6 +98,7 @@ std::vector<Setting> shared_settings(const TrainConfig& c) {
       {"--grad-clip", exact(c.grad_clip)},
       {"--seed", std::to_string(c.seed)},
       {"--on-nonfinite", c.on_nonfinite},
+      {"--on-output-error", c.on_output_error},
       {"--eval-every", std::to_string(c.eval_every)},
       {"--eval-batches", std::to_string(c.eval_batches)},
       {"--sample-tokens", std::to_string(c.sample_tokens)},

@@ -69,7 +69,8 @@ void Console::line(const std::string& text) {
   std::cout << text << std::endl;
 }
 
-JsonLines::JsonLines(const std::string& path, int rank) : path_(path) {
+JsonLines::JsonLines(const std::string& path, int rank, bool stop_after_failure)
+    : path_(path), stop_after_failure_(stop_after_failure) {
   if (path.empty() || rank != 0) return;
   out_.open(path, std::ios::trunc);
   if (!out_) throw std::runtime_error("cannot open metrics file '" + path + "' for writing");
@@ -83,9 +84,11 @@ void JsonLines::write(const nlohmann::json& event) {
   ++events_;
   if (out_) return;
   failed_ = true;
-  std::fprintf(stderr, "fsdp-train: warning: --metrics '%s': writing event %lld (\"%s\") failed: %s; the metrics "
-               "stop there, training goes on\n", path_.c_str(), static_cast<long long>(events_),
-               event.value("event", std::string("?")).c_str(), errno ? std::strerror(errno) : "write error");
+  std::fprintf(stderr, "fsdp-train: warning: --metrics '%s': writing event %lld (\"%s\") failed: %s; %s\n",
+               path_.c_str(), static_cast<long long>(events_), event.value("event", std::string("?")).c_str(),
+               errno ? std::strerror(errno) : "write error",
+               stop_after_failure_ ? "the run stops after this step (--on-output-error stop)"
+                                   : "the metrics stop there, training goes on (--on-output-error warn)");
 }
 
 double TraceRecorder::now_us() const {
@@ -153,7 +156,7 @@ json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& 
       {"grad_clip", c.grad_clip}, {"seed", c.seed},
       {"eval_every", c.eval_every}, {"eval_batches", c.eval_batches},
       {"sample_tokens", c.sample_tokens}, {"sample_prompt", c.sample_prompt},
-      {"sample_temperature", c.sample_temperature}, {"sample_top_k", c.sample_top_k}, {"on_nonfinite", c.on_nonfinite},
+      {"sample_temperature", c.sample_temperature}, {"sample_top_k", c.sample_top_k}, {"on_nonfinite", c.on_nonfinite}, {"on_output_error", c.on_output_error},
       {"progress", c.progress}, {"metrics", c.metrics}, {"trace", c.trace},
       {"config_file", c.config_file}, {"backend", f.backend},
       {"forward_prefetch", f.forward_prefetch},

@@ -75,11 +75,11 @@ class Console {
 
 /// JSON-lines writer (one object per line, flushed). Disabled when path is empty or on rank != 0.
 /// Every write is checked: the first that fails (a full disk) is reported once on stderr, naming
-/// the file, the event and errno, and the writer stops there; training goes on (its checkpoints
-/// and output are worth more than the log).
+/// the file, the event and errno, and the writer stops there. What the run does then is the
+/// caller's (failed(); --on-output-error): stop_after_failure only words the warning.
 class JsonLines {
  public:
-  JsonLines(const std::string& path, int rank);
+  JsonLines(const std::string& path, int rank, bool stop_after_failure = false);
   void write(const nlohmann::json& event);
   bool enabled() const { return out_.is_open(); }
   /// True once a write failed.
@@ -90,6 +90,7 @@ class JsonLines {
   std::ofstream out_;
   int64_t events_ = 0;
   bool failed_ = false;
+  bool stop_after_failure_ = false;
 };
 
 /// Chrome trace events of one rank ("X" complete events, microseconds since a common origin that

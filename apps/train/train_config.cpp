@@ -225,6 +225,11 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
                  "and the ranks, before the optimizer step: no checkpoint holds it) or 'skip' (drop "
                  "the step's update, as the fp16 loss scaler does, and go on)")
       ->check(CLI::IsMember({"stop", "skip"}))->group("Optimisation");
+  app.add_option("--on-output-error", c.on_output_error,
+                 "A write of --metrics or --trace that fails (a full disk): 'warn' (said once, naming "
+                 "the file and errno; training goes on) or 'stop' (every rank exits 1 after the "
+                 "step whose output failed). A failed checkpoint always stops the run")
+      ->check(CLI::IsMember({"warn", "stop"}))->group("Output");
   // Evaluation and output
   app.add_option("--eval-every", c.eval_every,
                  "Steps between validation passes (0: only after the last step)")

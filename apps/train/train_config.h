@@ -67,6 +67,10 @@ struct TrainConfig {
   /// A NaN or inf loss or gradient norm on any rank: "stop" (exit 1 naming the step and ranks,
   /// before the optimizer step) or "skip" (drop that step's update and go on).
   std::string on_nonfinite = "stop";
+  /// A write of the run's output that fails (--metrics, --trace on a full disk): "warn" (said once
+  /// naming the file and errno; training goes on) or "stop" (every rank exits 1 after the step
+  /// whose output failed). Checkpoints (--save, --export) always stop the run.
+  std::string on_output_error = "warn";
   // Evaluation and output
   int64_t eval_every = 50;   ///< steps between validation passes; 0 = only at the end
   int64_t eval_batches = 4;  ///< global batches per validation pass

@@ -89,6 +89,10 @@ class Trainer {
   int64_t held_for_activations() const;
   void eval_now(int64_t step);
   void save_now();
+  // --on-output-error stop: the ranks agree (one all-reduce, only under stop) on whether any
+  // rank's output failed (`failed_here`: this rank's); if one did, every rank throws the same
+  // RunError naming them and `when`. The failing rank has said which file and why.
+  void stop_if_output_failed(bool failed_here, const std::string& when);
   void sample();
 
   const TrainConfig cfg_;
@@ -180,6 +184,7 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   } catch (const fsdp::OutOfMemory&) {
     throw;  // the memory budget, not the settings
   } catch (const fsdp::Error& e) {
+    if (is_per_rank_failure(e)) throw;  // a stalled or failed collective, not the settings
     throw UsageError(std::string("the FSDP engine rejected these settings: ") + e.what());
   }
   if (cfg_.meta_init) fsdp::materialize(model_.ptr(), models::gpt_init(mcfg));
@@ -188,7 +193,7 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   const Resumed resumed = resume(cfg_, model_.ptr(), *optimizer_, loss_scaling_, group_);
   progress_ = resumed.progress;
 
-  metrics_.emplace(cfg_.metrics, rank_);
+  metrics_.emplace(cfg_.metrics, rank_, cfg_.on_output_error == "stop");
   if (rank_ == 0 && !cfg_.trace.empty() && !std::ofstream(cfg_.trace, std::ios::trunc)) {
     throw std::runtime_error("cannot open trace file '" + cfg_.trace + "' for writing");
   }
@@ -234,6 +239,7 @@ StepResult Trainer::train_step(const at::Tensor& batch, int64_t step) {
   fsdp::accounting::reset_peak_bytes();
   r.stats_before = group_->stats().snapshot();
   const auto t0 = Clock::now();
+  try {
   for (int64_t k = 0; k < accum; ++k) {
     fsdp::set_requires_gradient_sync(model_.ptr(), k == accum - 1);
     at::Tensor mb = batch.slice(0, k * micro, (k + 1) * micro);  // (micro, T+1)
@@ -256,6 +262,13 @@ StepResult Trainer::train_step(const at::Tensor& batch, int64_t step) {
       loss_scaling_.scale(loss / static_cast<double>(accum)).backward();
     }
     r.local_loss += loss.item<double>() / static_cast<double>(accum);
+  }
+  } catch (...) {
+    // A failure between the forward and the backward (the loss refused by --memory-budget) on
+    // this rank: its peers may be in that backward; they fail their step too and the ranks agree
+    // on the report (failures.h). Failures inside forward or backward are settled there.
+    fsdp::abandon_step(model_.ptr());
+    throw;
   }
   fsdp::accounting::ModelStateBytes state;
   r.loss_scale = loss_scaling_.current_scale();
@@ -285,6 +298,15 @@ StepResult Trainer::train_step(const at::Tensor& batch, int64_t step) {
   r.mem = {state.sharded_param_bytes, state.sharded_grad_bytes, state.optim_state_bytes,
            state.unsharded_param_bytes, state.resident_bytes(), 0, activation_bytes};
   return r;
+}
+
+void Trainer::stop_if_output_failed(bool failed_here, const std::string& when) {
+  if (cfg_.on_output_error != "stop") return;
+  const std::vector<int> failed = ranks_where(failed_here, *group_);
+  if (failed.empty()) return;
+  throw RunError("the output of " + rank_list(failed) + " could not be written (the warning above names the file "
+                 "and the reason); stopped " + when + " (--on-output-error stop; checkpoints up to here are "
+                 "complete; 'warn' trains on without that output)");
 }
 
 void Trainer::eval_now(int64_t step) {
@@ -390,6 +412,7 @@ void Trainer::run() {
       save_now();
     }
     comm_trace.flush();
+    stop_if_output_failed(metrics_->failed(), "after step " + std::to_string(step));
   }
 
   if (cfg_.sample_tokens > 0) sample();
@@ -415,12 +438,14 @@ void Trainer::run() {
       train_seconds > 0 ? static_cast<double>(tokens_trained) / train_seconds : 0.0;
   metrics_->write(end_event(totals));
   console_.line(done_line(totals));
+  std::string trace_failed;
   if (!cfg_.trace.empty()) {
-    const std::string failed = write_trace(trace_, cfg_.trace, *group_);
-    console_.line(failed.empty() ? "trace written to " + cfg_.trace
-                                 : "warning: --trace '" + cfg_.trace + "' could not be written: " + failed +
-                                       " (no file left; training and checkpoints are complete)");
+    trace_failed = write_trace(trace_, cfg_.trace, *group_);
+    console_.line(trace_failed.empty() ? "trace written to " + cfg_.trace
+                                       : "warning: --trace '" + cfg_.trace + "' could not be written: " +
+                                             trace_failed + " (no file left; training and checkpoints are complete)");
   }
+  stop_if_output_failed(metrics_->failed() || !trace_failed.empty(), "at the end of the run");
   group_->barrier()->wait();
 }
 

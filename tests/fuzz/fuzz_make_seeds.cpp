@@ -2,10 +2,13 @@
 //   DIR/checkpoint/step-000000001/   a sharded checkpoint of fsdp_fuzz::Net saved by 2 threaded
 //                                    ranks (manifest.json, rank-0000{0,1}-of-00002.bin)
 //   DIR/export.pt                    export_full of the same model (torch.load format)
+//   DIR/token_cache_{16,32}.tok       token caches of the fixture's ids (token_cache_fixture.h),
+//                                    uint16 and int32 ids
 #include <thread>
 
 #include "fsdp/checkpoint/export.h"
 #include "fuzz_fixture.h"
+#include "token_cache_fixture.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -40,6 +43,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "rank %d: %s\n", r, errors[r].c_str());
       return 1;
     }
+  }
+  for (bool wide : {false, true}) {
+    apps::data::write_token_cache(dir + (wide ? "/token_cache_32.tok" : "/token_cache_16.tok"),
+                                  fsdp_fuzz::token_cache_key(wide), fsdp_fuzz::token_cache_ids(wide));
   }
   std::printf("fuzz seeds written to %s\n", dir.c_str());
   return 0;

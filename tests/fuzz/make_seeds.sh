@@ -6,12 +6,13 @@ set -euo pipefail
 MAKE_SEEDS=$1
 FUZZ_DIR=$2
 rm -rf "$FUZZ_DIR"
-mkdir -p "$FUZZ_DIR"/corpus/{manifest,rank_file,import}
+mkdir -p "$FUZZ_DIR"/corpus/{manifest,rank_file,import,token_cache}
 "$MAKE_SEEDS" "$FUZZ_DIR/seeds"
 CKPT="$FUZZ_DIR/seeds/checkpoint/step-000000001"
 cp "$CKPT/manifest.json" "$FUZZ_DIR/corpus/manifest/"
 cp "$CKPT"/rank-*.bin "$FUZZ_DIR/corpus/rank_file/"
 cp "$FUZZ_DIR/seeds/export.pt" "$FUZZ_DIR/corpus/import/"
+cp "$FUZZ_DIR"/seeds/token_cache_*.tok "$FUZZ_DIR/corpus/token_cache/"
 # Python-written dicts: the model's names and shapes (valid), a dtype mismatch, a missing name,
 # a non-tensor value and the legacy (non-zip) format.
 python3 - "$FUZZ_DIR/corpus/import" <<'PY'
