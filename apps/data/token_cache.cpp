@@ -16,7 +16,7 @@ namespace apps::data {
 
 namespace {
 constexpr char kMagic[8] = {'F', 'S', 'D', 'P', 'T', 'O', 'K', '1'};
-constexpr uint32_t kVersion = 2;  // 2: ids_hash
+constexpr uint32_t kVersion = 3;  // 2: a checksum of the ids; 3: of the header and the ids
 
 // On-disk header of a token cache, followed by num_tokens ids of bytes_per_token bytes each.
 struct CacheHeader {
@@ -27,9 +27,15 @@ struct CacheHeader {
   uint64_t source_size;
   int64_t source_mtime_ns;
   uint64_t tokenizer_hash;
-  uint64_t ids_hash;  // fsdp::fnv1a64 of the stored ids' bytes, as stored
+  uint64_t checksum;  // fsdp::fnv1a64 of this header (checksum 0) followed by the stored ids' bytes
 };
 static_assert(sizeof(CacheHeader) == 56, "cache header layout");
+
+// What `checksum` must hold for header `h` and the ids' bytes.
+uint64_t checksum_of(CacheHeader h, const std::string& ids) {
+  h.checksum = 0;
+  return fsdp::fnv1a64(ids.data(), ids.size(), fsdp::fnv1a64(&h, sizeof(h)));
+}
 }  // namespace
 
 std::string read_token_cache(const std::string& path, const TokenCacheKey& key, std::vector<int32_t>& out) {
@@ -49,7 +55,7 @@ std::string read_token_cache(const std::string& path, const TokenCacheKey& key, 
   }
   std::string ids(h.bytes_per_token * h.num_tokens, '\0');
   if (!in.read(ids.data(), static_cast<std::streamsize>(ids.size()))) return "it could not be read";
-  if (fsdp::fnv1a64(ids.data(), ids.size()) != h.ids_hash) return "its ids do not match their checksum (ids_hash)";
+  if (checksum_of(h, ids) != h.checksum) return "its header or ids do not match their checksum";
   std::vector<int32_t> tokens(h.num_tokens);
   for (uint64_t i = 0; i < h.num_tokens; ++i) {
     if (h.bytes_per_token == 4) {
@@ -95,7 +101,7 @@ void write_token_cache(const std::string& path, const TokenCacheKey& key, const 
         std::memcpy(ids.data() + 2 * i, &v, 2);
       }
     }
-    h.ids_hash = fsdp::fnv1a64(ids.data(), ids.size());
+    h.checksum = checksum_of(h, ids);
     out.write(reinterpret_cast<const char*>(&h), sizeof(h));
     out.write(ids.data(), static_cast<std::streamsize>(ids.size()));
     if (out) out.close();

@@ -1,5 +1,6 @@
 // The on-disk token cache of a text file: a 56-byte header (magic, version, bytes per id, count,
-// the source's size and mtime, the tokenizer's hash, the ids' checksum) followed by the ids as
+// the source's size and mtime, the tokenizer's hash, a checksum of the header and the ids)
+// followed by the ids as
 // uint16 (a vocabulary of at most 65536) or int32. No tokenizer needed to read or write one.
 #pragma once
 
@@ -19,8 +20,9 @@ struct TokenCacheKey {
 };
 
 /// Reads the cache at `path`. Returns "" and sets `out` when it matches `key`, its own size, its
-/// ids' checksum (ids_hash: fsdp::fnv1a64 of the stored ids) and the vocabulary; else returns why
-/// not ("absent", "the text changed since", "its ids do not match their checksum (ids_hash)", ...)
+/// checksum (fsdp::fnv1a64 of the header and the stored ids: every byte of the file) and the
+/// vocabulary; else returns why not ("absent", "the text changed since", "its header or ids do
+/// not match their checksum", ...)
 /// and leaves `out` untouched. Every byte read back is checked; never throws for a file's content.
 std::string read_token_cache(const std::string& path, const TokenCacheKey& key, std::vector<int32_t>& out);
 

@@ -17,13 +17,13 @@ class TokenDataset {
 
   /// Tokens of text_path (see Tokenizer::encode; the whole file is one text). The first call
   /// tokenizes and writes cache_path(text_path, tokenizer); later calls read that file when its
-  /// header still matches (version, source size and mtime, tokenizer hash, its own size) and its
-  /// ids match their checksum (ids_hash: fsdp::fnv1a64 of the stored ids) and the vocabulary, and
+  /// header still matches (version, source size and mtime, tokenizer hash, its own size), its bytes
+  /// their checksum (fsdp::fnv1a64 of the header and the ids) and its ids the vocabulary, and
   /// rebuild it otherwise: every id read back is checked. The cache holds uint16 ids when the
   /// vocabulary fits (else int32) after a 56-byte header, and is written to a temporary file then
   /// renamed, so concurrent builders never see a partial file. *built (optional) tells whether
-  /// this call tokenized; *why_built (optional) why the cache was not used ("absent", "its ids do
-  /// not match their checksum (ids_hash)", ...). A cache that cannot be written (a read-only or
+  /// this call tokenized; *why_built (optional) why the cache was not used ("absent", "its header
+  /// or ids do not match their checksum", ...). A cache that cannot be written (a read-only or
   /// full disk) leaves nothing behind; with cache_error given the tokens are returned anyway and
   /// *cache_error says why ("cannot write '<tmp>': No space left on device"), else it throws.
   /// Throws std::runtime_error on I/O errors reading the text.

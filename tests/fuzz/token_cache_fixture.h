@@ -9,10 +9,11 @@
 
 namespace fsdp_fuzz {
 
-/// A text of 123456 bytes and an mtime, a tokenizer hash, and a vocabulary that fits uint16 ids
-/// (wide = false) or needs int32 ids (wide = true).
+/// A text of 123456 bytes and an mtime, and a tokenizer (its hash) whose vocabulary fits uint16
+/// ids (wide = false) or needs int32 ids (wide = true).
 inline apps::data::TokenCacheKey token_cache_key(bool wide) {
-  return {123456, 1700000000123456789, 0x5eed5eed5eed5eedULL, wide ? 70000 : 8192};
+  // Two tokenizers: a model file's hash identifies its vocabulary.
+  return {123456, 1700000000123456789, wide ? 0x5eed5eed00070000ULL : 0x5eed5eed00008192ULL, wide ? 70000 : 8192};
 }
 
 /// 300 ids in [0, vocab): i * 7919 mod vocab.
