@@ -9,6 +9,7 @@ APT_PACKAGES=(build-essential cmake git pkg-config python3 python3-pip
   clang-14 libclang-rt-14-dev llvm-14  # clang: the sanitizer and fuzz builds (scripts/sanitize.sh)
   ninja-build)  # the builds' generator (scripts/build.sh, scripts/sanitize.sh): no idle core between targets
 TORCH_VERSION=${FSDP_TORCH_VERSION:-2.13.0}
+TRANSFORMERS_VERSION=${FSDP_TRANSFORMERS_VERSION:-4.57.6}
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -31,5 +32,12 @@ if [ -z "$have_torch" ]; then
   echo "[setup] installing torch==${TORCH_VERSION} (CPU wheel)"
   python3 -m pip install -q "torch==${TORCH_VERSION}" ||
     python3 -m pip install -q --break-system-packages "torch==${TORCH_VERSION}"
+fi
+# Test-time Python clients: transformers writes and reads the Hugging Face checkpoints the
+# interop tests exchange with fsdp-cpp; safetensors is its weight format.
+if ! python3 -c 'import transformers, safetensors' 2>/dev/null; then
+  echo "[setup] installing transformers==${TRANSFORMERS_VERSION} and safetensors (test clients)"
+  python3 -m pip install -q "transformers==${TRANSFORMERS_VERSION}" safetensors ||
+    python3 -m pip install -q --break-system-packages "transformers==${TRANSFORMERS_VERSION}" safetensors
 fi
 echo "[setup] ok: torch $(python3 -c 'import torch; print(torch.__version__)'), $(mpirun --version | head -n 1)"
