@@ -11,13 +11,18 @@
 #pragma once
 
 #include <ATen/Tensor.h>
+#include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "fsdp/comm/process_group.h"
 
 namespace fsdp::checkpoint {
 
@@ -120,6 +125,78 @@ class SafetensorsWriter {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+/// Where one parameter of a model is stored in a safetensors checkpoint.
+struct SafetensorsSource {
+  std::string tensor;       ///< its name in the checkpoint
+  bool transposed = false;  ///< stored as the transpose of the (2-D) parameter (GPT-2's Conv1D)
+};
+
+/// How import_safetensors maps a checkpoint onto a model.
+struct SafetensorsImportOptions {
+  /// The source of each parameter, by its fully qualified name from the root (as
+  /// fsdp::sharded_parameters names it; a tied parameter once, under its first name). Unset: the
+  /// same name, not transposed.
+  std::function<SafetensorsSource(const std::string& param)> source_of;
+  /// True for a checkpoint tensor the model has no parameter for and that is skipped (GPT-2's
+  /// attention-mask buffers, the copy of a tied head). Any other tensor no parameter takes is an
+  /// error. Unset: none.
+  std::function<bool(const std::string& tensor)> ignore;
+};
+
+/// Loads a safetensors checkpoint directory (SafetensorsCheckpoint: model.safetensors, or the
+/// files of model.safetensors.index.json) into the sharded model under root, straight into the
+/// shards: each rank reads only the rows of dim 0 its shards hold (pread), and a transposed
+/// source whole (one tensor at a time), so no rank ever holds the full model. Peak bytes beyond the
+/// model state: this rank's rows of one tensor (a transposed source: that whole tensor, twice).
+/// Floating-point tensors (F64, F32, F16, BF16) are converted to the parameter's dtype; integer
+/// ones must match it.
+///
+/// Every rank opens the checkpoint and validates, before any row is written: every parameter has
+/// a source tensor of the right shape (transposed: the reversed 2-D shape) and a convertible
+/// dtype, every tensor of the checkpoint is taken by a parameter or ignored, no buffer of root is
+/// still on the meta device, and no unit holds unreduced gradients. A failure throws fsdp::Error
+/// on every rank (kInvalidArgument for the model's mismatch, kCorruptData / kIo / kUnsupported for
+/// the files, as SafetensorsFile), naming the file or checkpoint and the parameter and tensor,
+/// and nothing is written. Units built on the meta device (fully_shard after a meta build) get
+/// their values from the file and need no fsdp::materialize; buffers are the module's own.
+/// Afterwards every unit gathers its parameters afresh at its next forward.
+/// Collective and blocking over `group` (every rank of the model's group calls it, in the same
+/// order as its other collectives); the checkpoint must be readable by every rank (a shared file
+/// system, or a copy per host).
+void import_safetensors(const std::string& dir, const std::shared_ptr<torch::nn::Module>& root,
+                        const comm::ProcessGroupPtr& group, const SafetensorsImportOptions& options = {});
+
+/// How export_safetensors names and lays out a model's parameters.
+struct SafetensorsExportOptions {
+  /// The name (and layout) of each parameter in the checkpoint, by its fully qualified name from
+  /// the root; transposed writes the transpose of a 2-D parameter. Unset: the same name.
+  std::function<SafetensorsSource(const std::string& param)> target_of;
+  /// The dtype of every tensor written (e.g. at::kBFloat16 from fp32 master weights); unset: each
+  /// parameter's own.
+  std::optional<at::ScalarType> dtype;
+  /// Split past this many bytes per file (model-0000k-of-0000n.safetensors and
+  /// model.safetensors.index.json, as save_pretrained does; a tensor larger than it gets a file of
+  /// its own); 0: one model.safetensors.
+  int64_t max_file_bytes = 0;
+  /// The files' "__metadata__" ({"format": "pt"}: what transformers expects).
+  std::map<std::string, std::string> metadata{{"format", "pt"}};
+  /// Other small files rank 0 writes into the directory beside the weights (e.g. config.json),
+  /// file name -> contents, each atomically.
+  std::map<std::string, std::string> extra_files;
+};
+
+/// Writes the model under root to the directory `dir` (created if missing) as a safetensors
+/// checkpoint a Hugging Face loader reads: every parameter (a tied one once, under its first
+/// name), full shape, named and laid out by options. Streamed: parameters are gathered one at a
+/// time (fsdp::gather_full_tensor: collective over each unit's group) and rank 0 appends each to
+/// its file at once, so no rank holds more than one full tensor beyond its shards. Every file
+/// goes through a temporary and a rename; the index and extra files are written last, so a
+/// failed export never leaves a loadable but partial checkpoint. Collective and blocking over
+/// `group`: every rank calls it. Throws fsdp::Error on every rank when rank 0 cannot write (kIo,
+/// naming the file) or a name repeats (kInvalidArgument).
+void export_safetensors(const std::string& dir, const std::shared_ptr<torch::nn::Module>& root,
+                        const comm::ProcessGroupPtr& group, const SafetensorsExportOptions& options = {});
 
 /// The bytes of one element of a safetensors dtype name ("F32" -> 4); 0 for an unknown name.
 int64_t safetensors_element_size(const std::string& dtype);
