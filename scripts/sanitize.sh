@@ -3,7 +3,7 @@
 # has run (clang-14). Builds with clang at -O1 -gline-tables-only (Ninja when installed), only the
 # targets each tier runs, and runs them through ctest:
 #   asan  build-asan/: ASan + UBSan (+ libFuzzer coverage): unit, dist, a 2-rank MPI smoke test,
-#         the four fuzz targets (FSDP_FUZZ_SECONDS each, default 15) after their regressions
+#         the five fuzz targets (FSDP_FUZZ_SECONDS each, default 15) after their regressions
 #   tsan  build-tsan/: ThreadSanitizer: the dist tier (communication threads, autograd hooks)
 #
 #   scripts/sanitize.sh [asan] [tsan]      (default: both)
@@ -40,7 +40,7 @@ for tier in "${TIERS[@]}"; do
     asan)
       configure build-asan -DFSDP_SANITIZE=address -DFSDP_FUZZ=ON
       cmake --build build-asan -j "$JOBS" --target fsdp_unit_tests fsdp_dist_tests fsdp_mpi_smoke \
-        fuzz_make_seeds fuzz_manifest fuzz_rank_file fuzz_import fuzz_token_cache
+        fuzz_make_seeds fuzz_manifest fuzz_rank_file fuzz_import fuzz_token_cache fuzz_safetensors
       built=$(date +%s)
       (cd build-asan &&
         ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1:strict_init_order=1:detect_stack_use_after_return=1" \
