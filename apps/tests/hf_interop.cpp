@@ -1,5 +1,6 @@
-// The fsdp-cpp side of the Hugging Face interop test (hf_interop.py): under mpirun, builds the GPT
-// of a GPT2LMHeadModel directory's config.json on the meta device, shards it, imports its
+// The fsdp-cpp side of the Hugging Face interop test (hf_interop.py): under mpirun, builds the model
+// of a Hugging Face directory's config.json (GPT2LMHeadModel: the GPT; LlamaForCausalLM: the
+// Llama) on the meta device, shards it (one unit per block), imports its
 // safetensors straight into the shards, and writes (rank 0) the logits of a fixed batch; then
 // optionally trains K AdamW steps on that batch, exports the model as a Hugging Face directory,
 // and writes the logits after training and the greedy continuation of the batch's first row.
@@ -22,10 +23,45 @@
 #include "fsdp/fsdp.h"
 #include "models/gpt.h"
 #include "models/gpt_hf.h"
+#include "models/llama_hf.h"
 
 namespace {
 
-using apps::models::GPT;
+// A model built from config.json, sharded, with what the test needs of it.
+struct Model {
+  std::shared_ptr<torch::nn::Module> root;
+  std::function<at::Tensor(const at::Tensor&)> forward;  // idx (B, T) -> logits (B, T, V)
+  int64_t block_size = 0;
+  fsdp::checkpoint::SafetensorsImportOptions import;
+  std::function<fsdp::checkpoint::SafetensorsSource(const std::string&)> target_of;
+  std::string config_json;
+};
+
+Model build(const nlohmann::json& c, const fsdp::FullyShardOptions& o, const fsdp::comm::ProcessGroupPtr& world) {
+  Model m;
+  if (c.value("model_type", std::string()) == "llama") {
+    const auto cfg = apps::models::llama_config_from_hf(c);
+    apps::models::Llama model(cfg, at::kMeta);
+    fsdp::fully_shard_tree(model.ptr(), world, fsdp::wrap_by_type<apps::models::LlamaBlockImpl>(), o);
+    m.root = model.ptr();
+    m.forward = [model](const at::Tensor& x) { return fsdp::call(model.ptr(), x); };
+    m.block_size = cfg.max_seq;
+    m.import = apps::models::llama_hf_import_options();
+    m.target_of = apps::models::llama_hf_tensor;
+    m.config_json = apps::models::llama_config_to_hf(cfg).dump(2) + "\n";
+    return m;
+  }
+  const auto cfg = apps::models::gpt_config_from_hf(c);
+  apps::models::GPT model(cfg, at::kMeta);
+  fsdp::fully_shard_tree(model.ptr(), world, fsdp::wrap_by_type<apps::models::BlockImpl>(), o);
+  m.root = model.ptr();
+  m.forward = [model](const at::Tensor& x) { return fsdp::call(model.ptr(), x); };
+  m.block_size = cfg.block_size;
+  m.import = apps::models::gpt2_hf_import_options();
+  m.target_of = apps::models::gpt2_hf_tensor;
+  m.config_json = apps::models::gpt_config_to_hf(cfg).dump(2) + "\n";
+  return m;
+}
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -39,9 +75,9 @@ void write_raw(const std::string& path, const at::Tensor& t) {
       .write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
 }
 
-at::Tensor logits_of(const GPT& model, const at::Tensor& tokens) {
+at::Tensor logits_of(const Model& model, const at::Tensor& tokens) {
   at::NoGradGuard no_grad;
-  return fsdp::call(model.ptr(), tokens).to(at::kFloat);
+  return model.forward(tokens).to(at::kFloat);
 }
 
 }  // namespace
@@ -70,13 +106,11 @@ int main(int argc, char** argv) {
   auto world = fsdp::comm::mpi_world();
   const int rank = world->rank(), n = world->size();
   try {
-    const auto cfg = apps::models::gpt_config_from_hf(nlohmann::json::parse(read_text(hf + "/config.json")));
-    GPT model(cfg, at::kMeta);
     fsdp::FullyShardOptions o;
     o.strategy = fsdp::parse_sharding_strategy(strategy);
     if (o.strategy == fsdp::ShardingStrategy::kHybridShard) o.hybrid_shard_group_size = 2;
-    fsdp::fully_shard_tree(model.ptr(), world, fsdp::wrap_by_type<apps::models::BlockImpl>(), o);
-    fsdp::checkpoint::import_safetensors(hf, model.ptr(), world, apps::models::gpt2_hf_import_options());
+    const Model model = build(nlohmann::json::parse(read_text(hf + "/config.json")), o, world);
+    fsdp::checkpoint::import_safetensors(hf, model.root, world, model.import);
 
     const std::string ids = read_text(tokens_path);
     if (static_cast<int64_t>(ids.size()) != batch * seq * 8) {
@@ -88,20 +122,20 @@ int main(int argc, char** argv) {
     if (rank == 0) write_raw(logits_out, logits);
 
     if (train_steps > 0) {
-      torch::optim::AdamW opt(fsdp::parameters(model.ptr()), torch::optim::AdamWOptions(lr).weight_decay(0.0));
+      torch::optim::AdamW opt(fsdp::parameters(model.root), torch::optim::AdamWOptions(lr).weight_decay(0.0));
       for (int64_t k = 0; k < train_steps; ++k) {
         opt.zero_grad();
-        at::Tensor out = fsdp::call(model.ptr(), tokens.narrow(1, 0, seq - 1));
+        at::Tensor out = model.forward(tokens.narrow(1, 0, seq - 1));
         apps::models::gpt_loss(out, tokens.narrow(1, 1, seq - 1)).backward();
         opt.step();
       }
     }
     if (!export_dir.empty()) {
       fsdp::checkpoint::SafetensorsExportOptions eo;
-      eo.target_of = apps::models::gpt2_hf_tensor;
+      eo.target_of = model.target_of;
       eo.max_file_bytes = export_max_file_bytes;
-      eo.extra_files["config.json"] = apps::models::gpt_config_to_hf(cfg).dump(2) + "\n";
-      fsdp::checkpoint::export_safetensors(export_dir, model.ptr(), world, eo);
+      eo.extra_files["config.json"] = model.config_json;
+      fsdp::checkpoint::export_safetensors(export_dir, model.root, world, eo);
     }
     if (!logits_after.empty()) {
       at::Tensor after = logits_of(model, tokens);
@@ -112,8 +146,8 @@ int main(int argc, char** argv) {
       at::Tensor ids_now = tokens.narrow(0, 0, 1).narrow(1, 0, greedy_prompt);
       std::vector<int64_t> out;
       for (int64_t k = 0; k < greedy; ++k) {
-        const int64_t T = std::min<int64_t>(ids_now.size(1), cfg.block_size);
-        at::Tensor next = fsdp::call(model.ptr(), ids_now.narrow(1, ids_now.size(1) - T, T))
+        const int64_t T = std::min<int64_t>(ids_now.size(1), model.block_size);
+        at::Tensor next = model.forward(ids_now.narrow(1, ids_now.size(1) - T, T))
                               .select(1, T - 1)
                               .argmax(-1, /*keepdim=*/true);  // (1, 1)
         out.push_back(next.item<int64_t>());
