@@ -8,9 +8,11 @@
 //   hf_interop --hf DIR --tokens FILE --batch B --seq T --strategy S --logits OUT
 //              [--train-steps K --lr LR --export DIR2 [--export-max-file-bytes N]
 //               --logits-after OUT2 --greedy N --greedy-prompt P --greedy-out OUT3]
+//              [--peak-json OUT4]
 //
 // FILE: B x T int64 token ids (raw, little-endian); OUT, OUT2: B x T x V float32 (raw); OUT3: N
-// int64 ids continuing the first P tokens of the batch's first row. Exit 1 with one line on stderr (rank 0) for any error.
+// int64 ids continuing the first P tokens of the batch's first row. OUT4 (rank 0): each rank's
+// counted bytes around the import (JSON; bench/hf_import_peak.py). Exit 1 with one line on stderr (rank 0) for any error.
 #include <CLI/CLI.hpp>
 #include <torch/optim/adamw.h>
 
@@ -18,6 +20,7 @@
 #include <iostream>
 #include <iterator>
 
+#include "fsdp/accounting/memory.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/comm/mpi_backend.h"
 #include "fsdp/fsdp.h"
@@ -84,7 +87,7 @@ at::Tensor logits_of(const Model& model, const at::Tensor& tokens) {
 
 int main(int argc, char** argv) {
   CLI::App app{"fsdp-cpp side of the Hugging Face interop test"};
-  std::string hf, tokens_path, strategy = "full_shard", logits_out, export_dir, logits_after, greedy_out;
+  std::string hf, tokens_path, strategy = "full_shard", logits_out, export_dir, logits_after, greedy_out, peak_json;
   int64_t batch = 0, seq = 0, train_steps = 0, greedy = 0, greedy_prompt = 1, export_max_file_bytes = 0;
   double lr = 1e-3;
   app.add_option("--hf", hf)->required();
@@ -101,8 +104,10 @@ int main(int argc, char** argv) {
   app.add_option("--greedy", greedy);
   app.add_option("--greedy-prompt", greedy_prompt);
   app.add_option("--greedy-out", greedy_out);
+  app.add_option("--peak-json", peak_json);
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);
+  fsdp::accounting::install_counting_allocator();
   auto world = fsdp::comm::mpi_world();
   const int rank = world->rank(), n = world->size();
   try {
@@ -110,7 +115,29 @@ int main(int argc, char** argv) {
     o.strategy = fsdp::parse_sharding_strategy(strategy);
     if (o.strategy == fsdp::ShardingStrategy::kHybridShard) o.hybrid_shard_group_size = 2;
     const Model model = build(nlohmann::json::parse(read_text(hf + "/config.json")), o, world);
+    const int64_t before_bytes = fsdp::accounting::current_bytes();  // the shards, allocated by fully_shard
+    fsdp::accounting::reset_peak_bytes();
     fsdp::checkpoint::import_safetensors(hf, model.root, world, model.import);
+    if (!peak_json.empty()) {
+      // [rank][before, peak during the import, largest tensor of the model]
+      int64_t largest = 0;
+      for (const auto& sp : fsdp::sharded_parameters(model.root)) {
+        int64_t numel = 1;
+        for (int64_t d : sp.param->shape) numel *= d;
+        largest = std::max<int64_t>(largest, numel * static_cast<int64_t>(sp.tensor.element_size()));
+      }
+      at::Tensor mine = at::tensor({before_bytes, fsdp::accounting::peak_bytes(), largest}, at::kLong);
+      at::Tensor all = at::empty({3 * n}, at::kLong);
+      world->all_gather_into_tensor(all, mine)->wait();
+      if (rank == 0) {
+        nlohmann::json j = nlohmann::json::array();
+        for (int r = 0; r < n; ++r) {
+          j.push_back({{"rank", r}, {"before_bytes", all[3 * r].item<int64_t>()},
+                       {"peak_bytes", all[3 * r + 1].item<int64_t>()}, {"largest_tensor_bytes", all[3 * r + 2].item<int64_t>()}});
+        }
+        std::ofstream(peak_json) << j.dump(2) << "\n";
+      }
+    }
 
     const std::string ids = read_text(tokens_path);
     if (static_cast<int64_t>(ids.size()) != batch * seq * 8) {
