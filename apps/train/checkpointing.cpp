@@ -12,6 +12,8 @@
 #include "fsdp/accounting/budget.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/export.h"
+#include "fsdp/checkpoint/safetensors.h"
+#include "models/gpt_hf.h"
 #include "fsdp/checkpoint/import_optimizer.h"
 #include "fsdp/common/check.h"
 #include "fsdp/optim/optimizer_state.h"
@@ -122,6 +124,28 @@ double import_weights(const TrainConfig& c, const std::shared_ptr<torch::nn::Mod
   const auto t0 = Clock::now();
   checkpoint_call("--import " + c.import_path,
                   [&] { fsdp::checkpoint::import_full(c.import_path, model, group); });
+  return seconds_since(t0);
+}
+
+double import_hf_weights(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& model,
+                         const fsdp::comm::ProcessGroupPtr& group) {
+  if (c.init_from_hf.empty()) return 0.0;
+  const auto t0 = Clock::now();
+  checkpoint_call("--init-from-hf " + c.init_from_hf, [&] {
+    fsdp::checkpoint::import_safetensors(c.init_from_hf, model, group, models::gpt2_hf_import_options());
+  });
+  return seconds_since(t0);
+}
+
+double export_hf_weights(const TrainConfig& c, const models::GPTConfig& model_config,
+                         const std::shared_ptr<torch::nn::Module>& model, const fsdp::comm::ProcessGroupPtr& group) {
+  const auto t0 = Clock::now();
+  checkpoint_call("--export-hf " + c.export_hf, [&] {
+    fsdp::checkpoint::SafetensorsExportOptions o;
+    o.target_of = models::gpt2_hf_tensor;
+    o.extra_files["config.json"] = models::gpt_config_to_hf(model_config).dump(2) + "\n";
+    fsdp::checkpoint::export_safetensors(c.export_hf, model, group, o);
+  });
   return seconds_since(t0);
 }
 

@@ -10,12 +10,15 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "models/gpt_hf.h"
 #include "train/errors.h"
 
 namespace apps::train {
@@ -39,6 +42,29 @@ BatchGeometry resolve_batch(const TrainConfig& c, int world_size) {
 }
 
 models::GPTConfig resolve_model(const TrainConfig& c, int64_t vocab_size) {
+  if (!c.init_from_hf.empty()) {
+    const std::string path = (std::filesystem::path(c.init_from_hf) / "config.json").string();
+    models::GPTConfig m;
+    try {
+      std::ifstream in(path);
+      if (!in) throw std::invalid_argument("cannot be read");
+      m = models::gpt_config_from_hf(nlohmann::json::parse(in));
+    } catch (const std::exception& e) {
+      throw UsageError("--init-from-hf: '" + path + "': " + e.what());
+    }
+    if (m.vocab_size != vocab_size) {
+      throw UsageError("--init-from-hf '" + c.init_from_hf + "': the model's vocabulary is " +
+                       std::to_string(m.vocab_size) + " tokens, the tokenizer's " + std::to_string(vocab_size) +
+                       " (fsdp-train reads text through its SentencePiece tokenizer: a model trained with "
+                       "another tokenizer needs its own ids, which fsdp-train does not take yet)");
+    }
+    m.attention = c.attention;
+    if (c.seq_len > m.block_size) {
+      throw UsageError("--seq-len " + std::to_string(c.seq_len) + " exceeds the model's context of " +
+                       std::to_string(m.block_size) + " tokens (n_positions in '" + path + "')");
+    }
+    return m;
+  }
   models::GPTConfig m = models::gpt_preset(c.model, vocab_size);
   if (c.n_layer > 0) m.n_layer = c.n_layer;
   if (c.n_head > 0) m.n_head = c.n_head;

@@ -111,6 +111,8 @@ std::vector<Setting> shared_settings(const TrainConfig& c) {
       {"--resume", c.resume},
       {"--export", c.export_path},
       {"--import", c.import_path},
+      {"--init-from-hf", c.init_from_hf},
+      {"--export-hf", c.export_hf},
       {"--import-optimizer", c.import_optimizer_path},
   };
 }

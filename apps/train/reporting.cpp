@@ -156,7 +156,7 @@ json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& 
       {"grad_clip", c.grad_clip}, {"seed", c.seed},
       {"eval_every", c.eval_every}, {"eval_batches", c.eval_batches},
       {"sample_tokens", c.sample_tokens}, {"sample_prompt", c.sample_prompt},
-      {"sample_temperature", c.sample_temperature}, {"sample_top_k", c.sample_top_k}, {"on_nonfinite", c.on_nonfinite}, {"on_output_error", c.on_output_error},
+      {"sample_temperature", c.sample_temperature}, {"sample_top_k", c.sample_top_k}, {"on_nonfinite", c.on_nonfinite}, {"on_output_error", c.on_output_error}, {"init_from_hf", c.init_from_hf}, {"export_hf", c.export_hf},
       {"progress", c.progress}, {"metrics", c.metrics}, {"trace", c.trace},
       {"config_file", c.config_file}, {"backend", f.backend},
       {"forward_prefetch", f.forward_prefetch},

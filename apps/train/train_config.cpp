@@ -290,6 +290,16 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--export", c.export_path,
                  "After training, write the full state dict to this file (torch.load-able)")
       ->group("Checkpoints");
+  app.add_option("--init-from-hf", c.init_from_hf,
+                 "Start from a Hugging Face GPT2LMHeadModel directory (config.json and model.safetensors, "
+                 "or a split checkpoint with model.safetensors.index.json): the model's shape comes from "
+                 "its config.json, its weights are read straight into each rank's shards; its "
+                 "vocabulary must be the tokenizer's")
+      ->group("Checkpoints");
+  app.add_option("--export-hf", c.export_hf,
+                 "After training, write the model to this directory as a Hugging Face GPT2LMHeadModel "
+                 "(config.json, model.safetensors): transformers' from_pretrained loads it")
+      ->group("Checkpoints");
   app.add_option("--import", c.import_path,
                  "Before training, load full weights from this file (written by --export or by "
                  "torch.save of a dict of tensors); optimizer state starts fresh (fine-tuning) "
@@ -316,6 +326,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
     for (auto& s : all) ptrs.push_back(s.data());
     app.parse(static_cast<int>(ptrs.size()), ptrs.data());
     c.vocab_size_given = app.count("--vocab-size") > 0;
+    c.model_given = app.count("--model") > 0;
     if (c.min_lr > c.lr) throw CLI::ValidationError("--min-lr", "must not exceed --lr");
     if (!c.memory_budget.empty()) {
       try {
@@ -338,6 +349,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       const std::pair<const char*, bool> ignored[] = {
           {"--save", !c.save.empty()}, {"--resume", !c.resume.empty()}, {"--import", !c.import_path.empty()},
           {"--import-optimizer", !c.import_optimizer_path.empty()}, {"--export", !c.export_path.empty()},
+          {"--init-from-hf", !c.init_from_hf.empty()}, {"--export-hf", !c.export_hf.empty()},
           {"--data", !c.data.empty()}, {"--memory-budget", !c.memory_budget.empty()},
           {"--activation-checkpointing", c.activation_checkpointing}, {"--metrics", !c.metrics.empty()},
           {"--trace", !c.trace.empty()}};
@@ -366,6 +378,18 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
     if (!c.import_optimizer_path.empty() && c.import_path.empty()) {
       throw CLI::ValidationError("--import-optimizer", "needs --import (the weights this optimizer "
                                                        "state belongs to)");
+    }
+    if (!c.init_from_hf.empty()) {
+      const std::pair<const char*, bool> conflicting[] = {
+          {"--import", !c.import_path.empty()}, {"--resume", !c.resume.empty()},
+          {"--model", c.model_given}, {"--n-layer", c.n_layer > 0}, {"--n-head", c.n_head > 0},
+          {"--n-embd", c.n_embd > 0}, {"--block-size", c.block_size > 0}};
+      for (const auto& [flag, given] : conflicting) {
+        if (given) {
+          throw CLI::ValidationError("--init-from-hf", std::string("cannot be combined with ") + flag +
+                                                           " (the directory's config.json and weights give the model)");
+        }
+      }
     }
     if (!c.resume.empty() && !c.import_path.empty()) {
       throw CLI::ValidationError("--import", "cannot be combined with --resume (the checkpoint "

@@ -97,6 +97,12 @@ struct TrainConfig {
   std::string resume;       ///< checkpoint (or directory of checkpoints) to resume; "latest" = --save
   std::string export_path;  ///< full state dict (torch.load-able) written after training
   std::string import_path;  ///< full weights loaded before training (fine-tuning)
+  /// A Hugging Face GPT2LMHeadModel directory (config.json + safetensors): the model's shape and
+  /// weights, imported straight into the shards (fine-tuning a published model).
+  std::string init_from_hf;
+  /// After training, write the model as a Hugging Face GPT2LMHeadModel directory.
+  std::string export_hf;
+  bool model_given = false;  ///< --model was on the command line (or in --config)
   /// with import_path: the optimizer state of the plain libtorch run that wrote those weights
   std::string import_optimizer_path;
 };

@@ -187,8 +187,9 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
     if (is_per_rank_failure(e)) throw;  // a stalled or failed collective, not the settings
     throw UsageError(std::string("the FSDP engine rejected these settings: ") + e.what());
   }
-  if (cfg_.meta_init) fsdp::materialize(model_.ptr(), models::gpt_init(mcfg));
-  facts_.import_s = import_weights(cfg_, model_.ptr(), group_);
+  // --init-from-hf writes every parameter's rows from the file: a meta build needs no init.
+  if (cfg_.meta_init && cfg_.init_from_hf.empty()) fsdp::materialize(model_.ptr(), models::gpt_init(mcfg));
+  facts_.import_s = import_weights(cfg_, model_.ptr(), group_) + import_hf_weights(cfg_, model_.ptr(), group_);
   optimizer_ = make_optimizer(model_, cfg_);
   const Resumed resumed = resume(cfg_, model_.ptr(), *optimizer_, loss_scaling_, group_);
   progress_ = resumed.progress;
@@ -423,6 +424,15 @@ void Trainer::run() {
     comm_trace.flush();
     metrics_->write({{"event", "export"}, {"path", cfg_.export_path}, {"export_s", export_s}});
     console_.line("exported the full state dict to " + cfg_.export_path + " (" +
+                  std::to_string(export_s).substr(0, 5) + " s)");
+  }
+  if (!cfg_.export_hf.empty()) {
+    const double t0_us = trace_.now_us();
+    const double export_s = export_hf_weights(cfg_, model_->config(), model_.ptr(), group_);
+    trace_.add("export (Hugging Face)", "compute", 0, t0_us, trace_.now_us() - t0_us);
+    comm_trace.flush();
+    metrics_->write({{"event", "export_hf"}, {"path", cfg_.export_hf}, {"export_s", export_s}});
+    console_.line("exported a Hugging Face GPT2LMHeadModel to " + cfg_.export_hf + " (" +
                   std::to_string(export_s).substr(0, 5) + " s)");
   }
   RunTotals totals;
