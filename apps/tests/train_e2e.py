@@ -385,7 +385,9 @@ def test_hf(opts, tmp):
     tokenizer's vocabulary (8192) goes through fsdp-train and back bit for bit (--lr 1e-30, meta
     init, N = 2 and 4), trains 3 steps from it (loss falls; the export loads with from_pretrained and
     its logits moved), and a model of another vocabulary or an explicit shape flag is refused with
-    one line."""
+    one line. A model of another tokenizer (vocabulary 96) trains from its own ids, pre-tokenized
+    (uint16 train.bin / val.bin): round trip bit for bit, step-1 loss ln 96; an id past the
+    vocabulary, a .bin of odd size and a sample without a tokenizer are refused with one line."""
     try:
         import torch
         from safetensors.torch import load_file
@@ -434,10 +436,44 @@ def test_hf(opts, tmp):
         moved = (tuned(x).logits - ref(x).logits).abs().max().item()
     check(moved > 1e-4, "the export loads with from_pretrained and its logits moved (%.2e)" % moved)
     other = os.path.join(tmp, "hf96")
-    GPT2LMHeadModel(GPT2Config(vocab_size=96, n_positions=64, n_embd=64, n_layer=2, n_head=4)).save_pretrained(other)
+    m96 = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_positions=64, n_embd=64, n_layer=2, n_head=4))
+    with torch.no_grad():
+        for p in m96.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    m96.save_pretrained(other)
     p = run(["--init-from-hf", other, "--steps", "1"], 2, expect_ok=False)
-    check(p.returncode == 2 and "vocabulary is 96 tokens, the tokenizer's 8192" in error_line(p),
-          "another vocabulary: exit %d, %r" % (p.returncode, error_line(p)))
+    check(p.returncode == 2 and "vocabulary is 96 tokens, the tokenizer's 8192" in error_line(p) and
+          "--data FILE.bin" in error_line(p) + p.stderr,
+          "another vocabulary with text: exit %d, %r" % (p.returncode, error_line(p)))
+    # Its own ids, pre-tokenized as nanoGPT writes them (uint16, a folder of train.bin and val.bin).
+    ids = os.path.join(tmp, "ids96")
+    os.makedirs(ids)
+    g = torch.Generator().manual_seed(1)
+    torch.randint(0, 96, (20000,), generator=g).numpy().astype("<u2").tofile(os.path.join(ids, "train.bin"))
+    torch.randint(0, 96, (2000,), generator=g).numpy().astype("<u2").tofile(os.path.join(ids, "val.bin"))
+    out96, m = os.path.join(tmp, "same96"), os.path.join(tmp, "ids.jsonl")
+    p = run(["--init-from-hf", other, "--data", ids, "--meta-init", "--steps", "1", "--lr", "1e-30", "--min-lr", "0",
+             "--export-hf", out96, "--metrics", m], 2)
+    want96, got96 = load_file(os.path.join(other, "model.safetensors")), load_file(os.path.join(out96, "model.safetensors"))
+    check(all(torch.equal(got96[k], want96[k]) for k in want96) and "tokenized" not in p.stdout,
+          "pre-tokenized ids of vocabulary 96: the model goes through fsdp-train and back bit for bit, nothing tokenized")
+    loss = events(m, "step")[0]["loss"]
+    check(abs(loss - 4.564) < 0.1, "its step-1 loss on uniform random ids is ln 96 = 4.564: %.3f" % loss)
+    bad = os.path.join(tmp, "bad.bin")
+    arr = torch.randint(0, 96, (5000,), generator=g).numpy().astype("<u2")
+    arr[7] = 96
+    arr.tofile(bad)
+    p = run(["--init-from-hf", other, "--data", bad, "--steps", "1"], 2, expect_ok=False)
+    check(p.returncode == 2 and "token id 96 at position 7" in error_line(p) and "bad.bin" in error_line(p),
+          "an id past the vocabulary: exit %d, %r" % (p.returncode, error_line(p)))
+    with open(bad, "ab") as f:
+        f.write(b"\0")
+    p = run(["--init-from-hf", other, "--data", bad, "--steps", "1"], 2, expect_ok=False)
+    check(p.returncode == 2 and "not a whole number of uint16" in error_line(p),
+          "a .bin of an odd size: exit %d, %r" % (p.returncode, error_line(p)))
+    p = run(["--init-from-hf", other, "--data", ids, "--steps", "1", "--sample-tokens", "4"], 2, expect_ok=False)
+    check(p.returncode == 2 and "--sample-tokens" in error_line(p) and "no tokenizer" in error_line(p),
+          "a sample from pre-tokenized data: exit %d, %r" % (p.returncode, error_line(p)))
     p = run(["--init-from-hf", hf, "--n-layer", "4", "--steps", "1"], 1, expect_ok=False)
     check(p.returncode == 2 and "--n-layer" in error_line(p) and "--init-from-hf" in error_line(p),
           "a shape flag beside --init-from-hf: exit %d, %r" % (p.returncode, error_line(p)))

@@ -3,7 +3,10 @@
 
 #include <sys/stat.h>
 
+#include <cstring>
 #include <exception>
+#include <fstream>
+#include <iterator>
 #include <utility>
 
 #include "train/errors.h"
@@ -20,7 +23,39 @@ bool is_file(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The uint16 ids of a .bin file (nanoGPT's format), each checked against the vocabulary.
+data::TokenDataset read_ids(const std::string& path, int64_t vocab_size) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError("--data: cannot open '" + path + "'");
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.size() % 2 != 0) {
+    throw UsageError("--data: '" + path + "' holds " + std::to_string(bytes.size()) +
+                     " bytes, not a whole number of uint16 token ids");
+  }
+  std::vector<int32_t> ids(bytes.size() / 2);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto lo = static_cast<unsigned char>(bytes[2 * i]), hi = static_cast<unsigned char>(bytes[2 * i + 1]);
+    ids[i] = static_cast<int32_t>(lo | (hi << 8));
+    if (ids[i] >= vocab_size) {
+      throw UsageError("--data: '" + path + "' holds token id " + std::to_string(ids[i]) + " at position " +
+                       std::to_string(i) + ", past the model's vocabulary of " + std::to_string(vocab_size) +
+                       " (ids of another tokenizer?)");
+    }
+  }
+  return data::TokenDataset(std::move(ids));
+}
+
 }  // namespace
+
+bool pretokenized_data(const TrainConfig& c) {
+  if (c.data.empty()) return false;
+  if (is_file(c.data)) return ends_with(c.data, ".bin");
+  return is_dir(c.data) && is_file(c.data + "/train.bin") && !is_file(c.data + "/train.txt");
+}
 
 std::string tokenizer_path(const TrainConfig& c) {
   const std::string path = c.data_dir + "/spm_" + std::to_string(c.vocab_size) + ".model";
@@ -31,10 +66,28 @@ std::string tokenizer_path(const TrainConfig& c) {
   return path;
 }
 
-Corpus load_corpus(const TrainConfig& c, const data::Tokenizer& tok,
+Corpus load_corpus(const TrainConfig& c, const data::Tokenizer* tok, int64_t vocab_size,
                    fsdp::comm::ProcessGroup& group, Console& console) {
   Corpus corpus;
   std::string src = c.data.empty() ? c.data_dir + "/corpus" : c.data;
+  if (pretokenized_data(c)) {
+    corpus.train_path = is_dir(src) ? src + "/train.bin" : src;
+    corpus.val_path = is_dir(src) ? src + "/val.bin" : "";
+    if (!corpus.val_path.empty() && !is_file(corpus.val_path)) {
+      throw UsageError("--data: folder '" + src + "' has train.bin but no val.bin");
+    }
+    data::TokenDataset train = read_ids(corpus.train_path, vocab_size);
+    if (corpus.val_path.empty()) {
+      const int64_t cut = train.size() - train.size() / 20;
+      corpus.val = std::make_shared<const data::TokenDataset>(train.slice(cut, train.size()));
+      corpus.train = std::make_shared<const data::TokenDataset>(train.slice(0, cut));
+    } else {
+      corpus.train = std::make_shared<const data::TokenDataset>(std::move(train));
+      corpus.val = std::make_shared<const data::TokenDataset>(read_ids(corpus.val_path, vocab_size));
+    }
+    return corpus;
+  }
+  if (tok == nullptr) throw UsageError("--data: text needs a tokenizer");
   if (is_dir(src)) {
     corpus.train_path = src + "/train.txt";
     corpus.val_path = src + "/val.txt";
@@ -55,9 +108,9 @@ Corpus load_corpus(const TrainConfig& c, const data::Tokenizer& tok,
     bool built = false;
     std::string why, cache_error;
     auto t0 = Clock::now();
-    auto d = data::TokenDataset::load_or_build(path, tok, &built, &why, &cache_error);
+    auto d = data::TokenDataset::load_or_build(path, *tok, &built, &why, &cache_error);
     if (built) {
-      const std::string cache = data::TokenDataset::cache_path(path, tok);
+      const std::string cache = data::TokenDataset::cache_path(path, *tok);
       console.line("tokenized " + path + ": " + human_count(static_cast<double>(d.size())) + " tokens in " +
                    std::to_string(seconds_since(t0)).substr(0, 4) + " s (" +
                    (cache_error.empty() ? "cached as " + cache : "not cached: " + cache_error) +

@@ -25,14 +25,23 @@ struct Corpus {
 /// prepares it) when the file does not exist.
 std::string tokenizer_path(const TrainConfig& c);
 
+/// True when --data names token ids rather than text: a file ending in .bin, or a folder holding
+/// train.bin and val.bin (and no train.txt), as nanoGPT's prepare scripts write them: uint16
+/// little-endian ids of any tokenizer, no header. Not collective (the same answer on every rank of
+/// a shared file system).
+bool pretokenized_data(const TrainConfig& c);
+
 /// Loads the corpus that --data names: a folder holding train.txt and val.txt, or one text file
 /// whose last 5% of tokens (counted after tokenization) are the validation split; "" means
 /// <data_dir>/corpus. Texts are tokenized once and cached (data::TokenDataset::load_or_build):
 /// rank 0 builds the caches first, printing a line per text it tokenized, then the other ranks
-/// read them.
+/// read them. Pre-tokenized data (pretokenized_data: train.bin and val.bin, or one .bin whose last
+/// 5% of ids are the validation split) is read as it is, tokenizer null; every id must be below
+/// vocab_size (the model's).
 /// Collective and blocking over group (one barrier). Throws UsageError when the files are missing,
-/// std::runtime_error on I/O errors.
-Corpus load_corpus(const TrainConfig& c, const data::Tokenizer& tokenizer,
+/// a .bin is not whole uint16 ids or holds an id past the vocabulary (naming the file, the id and
+/// its position), std::runtime_error on I/O errors.
+Corpus load_corpus(const TrainConfig& c, const data::Tokenizer* tokenizer, int64_t vocab_size,
                    fsdp::comm::ProcessGroup& group, Console& console);
 
 /// The sampler of this rank (global batches of --global-batch-size windows of --seq-len + 1

@@ -41,7 +41,7 @@ BatchGeometry resolve_batch(const TrainConfig& c, int world_size) {
   return b;
 }
 
-models::GPTConfig resolve_model(const TrainConfig& c, int64_t vocab_size) {
+models::GPTConfig resolve_model(const TrainConfig& c, int64_t vocab_size, bool tokenizer_vocab) {
   if (!c.init_from_hf.empty()) {
     const std::string path = (std::filesystem::path(c.init_from_hf) / "config.json").string();
     models::GPTConfig m;
@@ -52,11 +52,12 @@ models::GPTConfig resolve_model(const TrainConfig& c, int64_t vocab_size) {
     } catch (const std::exception& e) {
       throw UsageError("--init-from-hf: '" + path + "': " + e.what());
     }
-    if (m.vocab_size != vocab_size) {
+    if (tokenizer_vocab && m.vocab_size != vocab_size) {
       throw UsageError("--init-from-hf '" + c.init_from_hf + "': the model's vocabulary is " +
                        std::to_string(m.vocab_size) + " tokens, the tokenizer's " + std::to_string(vocab_size) +
-                       " (fsdp-train reads text through its SentencePiece tokenizer: a model trained with "
-                       "another tokenizer needs its own ids, which fsdp-train does not take yet)");
+                       " (fsdp-train reads text through its SentencePiece tokenizer: give a model trained with "
+                       "another tokenizer its own ids, pre-tokenized: --data FILE.bin or a folder of train.bin "
+                       "and val.bin, uint16 ids as nanoGPT writes them)");
     }
     m.attention = c.attention;
     if (c.seq_len > m.block_size) {

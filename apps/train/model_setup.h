@@ -26,9 +26,13 @@ struct BatchGeometry {
 /// rank) when G is not divisible by world_size or micro does not divide the rows per rank.
 BatchGeometry resolve_batch(const TrainConfig& c, int world_size);
 
-/// The --model preset (vocab_size from the tokenizer) with the flags' overrides. Throws UsageError
-/// when --n-embd is not divisible by --n-head or --seq-len exceeds the context.
-models::GPTConfig resolve_model(const TrainConfig& c, int64_t vocab_size);
+/// The --model preset (vocab_size: the tokenizer's, or --vocab-size for pre-tokenized data) with
+/// the flags' overrides; with --init-from-hf, the shape of its config.json, whose vocabulary must
+/// be vocab_size when tokenizer_vocab (text read through the tokenizer; pre-tokenized ids are
+/// checked against the model's vocabulary as they are read). Throws UsageError when --n-embd is
+/// not divisible by --n-head, --seq-len exceeds the context, or the config.json is unreadable,
+/// refused (naming the field) or of another vocabulary.
+models::GPTConfig resolve_model(const TrainConfig& c, int64_t vocab_size, bool tokenizer_vocab = true);
 
 /// The options of every block unit: strategy, mixed precision (param and reduce dtype bf16/fp16),
 /// forward prefetch, hybrid shard group size ("host": group.host_of_ranks()' ranks per host),

@@ -132,10 +132,14 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       ->group("Data");
   app.add_option("--data", c.data,
                  "Training text: a folder holding train.txt and val.txt, or one text file whose "
-                 "last 5% of tokens is the validation set (default: <data-dir>/corpus)")
+                 "last 5% of tokens is the validation set (default: <data-dir>/corpus). Or token ids "
+                 "of any tokenizer, pre-tokenized as nanoGPT writes them (uint16): a FILE.bin, or a "
+                 "folder holding train.bin and val.bin; no tokenizer is read, the vocabulary is "
+                 "--init-from-hf's or --vocab-size")
       ->group("Data");
   app.add_option("--vocab-size", c.vocab_size,
-                 "Tokenizer vocabulary size in tokens: selects <data-dir>/spm_<vocab>.model")
+                 "Tokenizer vocabulary size in tokens: selects <data-dir>/spm_<vocab>.model (with "
+                 "pre-tokenized --data: the model's vocabulary; every id must be below it)")
       ->check(int_in(1, 65536))->group("Data");
   // Parallelism
   app.add_option("--strategy", c.strategy,

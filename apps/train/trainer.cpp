@@ -132,17 +132,26 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   facts_.threads = resolve_threads(cfg_);
   at::set_num_threads(facts_.threads);
   // Data: rank 0 tokenizes first (a barrier).
-  facts_.tokenizer_path = tokenizer_path(cfg_);
-  try {  // the same file on every rank: the same verdict, a usage error rather than an abort
-    tokenizer_ = std::make_unique<data::Tokenizer>(facts_.tokenizer_path);
-  } catch (const std::runtime_error& e) {
-    throw UsageError(std::string("--data-dir / --vocab-size: ") + e.what());
+  // Pre-tokenized --data (uint16 ids) needs no tokenizer: the vocabulary is --init-from-hf's, or
+  // --vocab-size.
+  const bool pretokenized = pretokenized_data(cfg_);
+  if (!pretokenized) {
+    facts_.tokenizer_path = tokenizer_path(cfg_);
+    try {  // the same file on every rank: the same verdict, a usage error rather than an abort
+      tokenizer_ = std::make_unique<data::Tokenizer>(facts_.tokenizer_path);
+    } catch (const std::runtime_error& e) {
+      throw UsageError(std::string("--data-dir / --vocab-size: ") + e.what());
+    }
+  } else if (cfg_.sample_tokens > 0) {
+    throw UsageError("--sample-tokens: a pre-tokenized --data (" + cfg_.data +
+                     ") comes with no tokenizer to encode the prompt and decode the sample");
   }
-  const models::GPTConfig mcfg = resolve_model(cfg_, tokenizer_->vocab_size());
+  const models::GPTConfig mcfg =
+      resolve_model(cfg_, tokenizer_ ? tokenizer_->vocab_size() : cfg_.vocab_size, /*tokenizer_vocab=*/!pretokenized);
   // Everything the end of the run needs is checked now, before any data or training.
   PreflightFacts pf;
-  pf.vocab_size = tokenizer_->vocab_size();
-  pf.prompt_tokens = static_cast<int64_t>(tokenizer_->encode(cfg_.sample_prompt).size());
+  pf.vocab_size = mcfg.vocab_size;
+  pf.prompt_tokens = tokenizer_ ? static_cast<int64_t>(tokenizer_->encode(cfg_.sample_prompt).size()) : 0;
   pf.checkpoint_bytes = checkpoint_bytes_of(mcfg.num_params());
   pf.export_bytes = export_bytes_of(mcfg.num_params());
   pf.build_bytes = cfg_.meta_init ? 16 * mcfg.num_params() / world_ : 4 * mcfg.num_params();
@@ -150,7 +159,7 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   // Data: rank 0 tokenizes first (a barrier).
   {
     const fsdp::ActivityScope activity(nullptr, "loading data");
-    corpus_ = load_corpus(cfg_, *tokenizer_, *group_, console_);
+    corpus_ = load_corpus(cfg_, tokenizer_.get(), mcfg.vocab_size, *group_, console_);
     check_ranks_agree(data_settings(*corpus_.train, *corpus_.val), *group_,
                       "every rank must read the same text with the same tokenizer: --data, --data-dir");
     train_sampler_.emplace(make_sampler(corpus_.train, cfg_, rank_, world_, "training"));
