@@ -40,30 +40,34 @@ struct Model {
   std::string config_json;
 };
 
-Model build(const nlohmann::json& c, const fsdp::FullyShardOptions& o, const fsdp::comm::ProcessGroupPtr& world) {
+// The model of type Holder (GPT or Llama) built on the meta device, sharded with one unit per
+// BlockImpl, and its family's names.
+template <typename Holder, typename BlockImpl>
+Model sharded(const Holder& model, int64_t block_size, const fsdp::FullyShardOptions& o,
+              const fsdp::comm::ProcessGroupPtr& world, fsdp::checkpoint::SafetensorsImportOptions import,
+              std::function<fsdp::checkpoint::SafetensorsSource(const std::string&)> target_of, nlohmann::json config) {
+  fsdp::fully_shard_tree(model.ptr(), world, fsdp::wrap_by_type<BlockImpl>(), o);
   Model m;
-  if (c.value("model_type", std::string()) == "llama") {
-    const auto cfg = apps::models::llama_config_from_hf(c);
-    apps::models::Llama model(cfg, at::kMeta);
-    fsdp::fully_shard_tree(model.ptr(), world, fsdp::wrap_by_type<apps::models::LlamaBlockImpl>(), o);
-    m.root = model.ptr();
-    m.forward = [model](const at::Tensor& x) { return fsdp::call(model.ptr(), x); };
-    m.block_size = cfg.max_seq;
-    m.import = apps::models::llama_hf_import_options();
-    m.target_of = apps::models::llama_hf_tensor;
-    m.config_json = apps::models::llama_config_to_hf(cfg).dump(2) + "\n";
-    return m;
-  }
-  const auto cfg = apps::models::gpt_config_from_hf(c);
-  apps::models::GPT model(cfg, at::kMeta);
-  fsdp::fully_shard_tree(model.ptr(), world, fsdp::wrap_by_type<apps::models::BlockImpl>(), o);
   m.root = model.ptr();
   m.forward = [model](const at::Tensor& x) { return fsdp::call(model.ptr(), x); };
-  m.block_size = cfg.block_size;
-  m.import = apps::models::gpt2_hf_import_options();
-  m.target_of = apps::models::gpt2_hf_tensor;
-  m.config_json = apps::models::gpt_config_to_hf(cfg).dump(2) + "\n";
+  m.block_size = block_size;
+  m.import = std::move(import);
+  m.target_of = std::move(target_of);
+  m.config_json = config.dump(2) + "\n";
   return m;
+}
+
+Model build(const nlohmann::json& c, const fsdp::FullyShardOptions& o, const fsdp::comm::ProcessGroupPtr& world) {
+  namespace m = apps::models;
+  if (c.value("model_type", std::string()) == "llama") {
+    const auto cfg = m::llama_config_from_hf(c);
+    return sharded<m::Llama, m::LlamaBlockImpl>(m::Llama(cfg, at::kMeta), cfg.max_seq, o, world,
+                                                m::llama_hf_import_options(), m::llama_hf_tensor,
+                                                m::llama_config_to_hf(cfg));
+  }
+  const auto cfg = m::gpt_config_from_hf(c);
+  return sharded<m::GPT, m::BlockImpl>(m::GPT(cfg, at::kMeta), cfg.block_size, o, world, m::gpt2_hf_import_options(),
+                                       m::gpt2_hf_tensor, m::gpt_config_to_hf(cfg));
 }
 
 std::string read_text(const std::string& path) {
