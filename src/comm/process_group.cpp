@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <thread>
 #include <sstream>
 
 #include "fsdp/common/hash.h"
@@ -131,8 +133,15 @@ void ProcessGroup::worker_loop() {
 
 std::string ProcessGroup::describe(const Signature& s, const Op* whole) const {
   const std::string* unit = whole ? &whole->unit : nullptr;
-  if (s.kind == kAbandonKind) {
-    return str_cat("nothing more of forward pass ", s.forward_pass, " (its step failed: ", s.unit, ")");
+  if (s.marker >= kConfirmation) {
+    return str_cat("the confirmation of abandoned forward pass ", s.forward_pass);
+  }
+  if (s.marker >= 0) {
+    return s.marker == static_cast<int32_t>(AbandonedPass::Kind::kCompleted)
+               ? str_cat("nothing more of forward pass ", s.forward_pass, " (it ran that forward and no backward)")
+               : str_cat("nothing more of forward pass ", s.forward_pass,
+                         s.marker == static_cast<int32_t>(AbandonedPass::Kind::kFailedWithoutGrad) ? ", without grad" : "",
+                         " (its step failed: ", s.unit, ")");
   }
   std::string d = to_string(static_cast<CollectiveKind>(s.kind));
   if (s.dtype >= 0) d += str_cat(" of ", s.numel, " ", dtype_name(static_cast<c10::ScalarType>(s.dtype)));
@@ -145,6 +154,7 @@ std::string ProcessGroup::describe(const Signature& s, const Op* whole) const {
 }
 
 void ProcessGroup::check_same_op(Op& op) {
+  static_assert(sizeof(Signature) == 152, "docs/architecture.md and process_group.h state the signature's size");
   constexpr int64_t kBytes = sizeof(Signature);
   at::Tensor mine = at::empty({kBytes}, at::kByte);
   std::memcpy(mine.data_ptr(), &op.signature, kBytes);
@@ -152,7 +162,7 @@ void ProcessGroup::check_same_op(Op& op) {
   backend_->all_gather(all, mine);
   const auto* sigs = reinterpret_cast<const Signature*>(all.data_ptr());
   for (int r = 0; r < size_; ++r) {
-    if (sigs[r].kind == kAbandonKind) return settle_abandoned(op, sigs);
+    if (sigs[r].marker >= 0) return settle_abandoned(op, sigs);
   }
   bool same = true;
   for (int r = 0; r < size_ && same; ++r) same = std::memcmp(&sigs[r], &sigs[0], kBytes) == 0;
@@ -194,54 +204,102 @@ void ProcessGroup::check_same_op(Op& op) {
 // the ranks (restore the last checkpoint). Cost: one all-gather of a signature per marker; none
 // while steps succeed.
 void ProcessGroup::settle_abandoned(Op& op, const Signature* sigs) {
-  std::vector<int> markers, others;
-  int64_t pass = -1;
-  std::string reason;
-  for (int r = 0; r < size_; ++r) {
-    if (sigs[r].kind == kAbandonKind) {
-      if (markers.empty()) {
-        pass = sigs[r].forward_pass;
-        reason = sigs[r].unit;
-      }
-      markers.push_back(r);
-    } else {
-      others.push_back(r);
-    }
-  }
+  using Kind = AbandonedPass::Kind;
   auto ranks = [](const std::vector<int>& rs) {
     std::string out = rs.size() == 1 ? "rank " : "ranks ";
     for (size_t i = 0; i < rs.size(); ++i) out += (i ? ", " : "") + std::to_string(rs[i]);
     return out;
   };
-  bool same_pass = true;
-  for (int r = 0; r < size_; ++r) same_pass = same_pass && sigs[r].forward_pass == pass;
-  if (same_pass && pass >= 0) {
+  if (op.signature.marker >= kConfirmation) {
+    // Every rank's confirmation, one per group after it settled (abandon_step): what each rank
+    // did, and whether any of its markers met a real op of a peer.
+    std::vector<int> failed, unmet_completed;
+    for (int r = 0; r < size_; ++r) {
+      FSDP_CHECK(sigs[r].marker >= kConfirmation, ErrorKind::kMismatch, (ErrorContext{rank_, "", to_string(op.kind)}),
+                 "rank ", r, " issued ", describe(sigs[r]), " where every rank confirms an abandoned step in group '",
+                 name_, "'");
+      const auto kind = static_cast<Kind>(sigs[r].marker - kConfirmation);
+      if (kind != Kind::kCompleted) failed.push_back(r);
+      if (kind == Kind::kCompleted && sigs[r].marker_ordinal == 1) unmet_completed.push_back(r);
+      op.marker_outcome->forward_pass = std::max(op.marker_outcome->forward_pass, sigs[r].forward_pass);
+    }
+    op.marker_outcome->settled = true;
+    op.marker_outcome->peer_failed = !failed.empty();
+    // A rank ran the pass to its end without backward, no peer was in that backward (none of its
+    // markers met a real op), and another rank's step failed in it: that rank may have gone on
+    // with its batch (an evaluation with grad) or skipped it (a step that failed between forward
+    // and backward without fsdp::abandon_step). Which cannot be told.
+    if (!failed.empty() && !unmet_completed.empty()) {
+      op.marker_outcome->ambiguous = str_cat(
+          ranks(failed), " failed forward pass ", sigs[failed.front()].forward_pass, ", which ", ranks(unmet_completed),
+          " ran to its end without backward, while no rank was in its backward: whether ", ranks(unmet_completed),
+          " skipped the batch cannot be told. In the catch block of a step that fails between forward and "
+          "backward call fsdp::abandon_step(model); run evaluations under torch::NoGradGuard. The group refuses "
+          "every later collective; end the run or restore the last checkpoint");
+    }
+    return;
+  }
+  std::vector<int> markers, others, failed;
+  int64_t first_pass = std::numeric_limits<int64_t>::max();
+  bool without_grad = false;
+  std::string reason;
+  for (int r = 0; r < size_; ++r) {
+    if (sigs[r].marker < 0) {
+      others.push_back(r);
+      continue;
+    }
+    markers.push_back(r);
+    first_pass = std::min(first_pass, sigs[r].forward_pass);
+    const auto kind = static_cast<Kind>(sigs[r].marker % kConfirmation);
+    without_grad = without_grad || kind == Kind::kFailedWithoutGrad;
+    if (kind != Kind::kCompleted) {
+      if (failed.empty()) reason = sigs[r].unit;
+      failed.push_back(r);
+    }
+  }
+  // Recoverable: no rank has reduced gradients the others did not (the same sync epoch: no
+  // optimizer step between them), no rank is at an earlier pass than the abandoned one, and a pass
+  // without grad (an evaluation) is abandoned only by ranks still in that very pass.
+  bool recoverable = first_pass >= 0;
+  for (int r = 0; r < size_ && recoverable; ++r) {
+    recoverable = sigs[r].marker < kConfirmation && sigs[r].sync_epoch == sigs[markers.front()].sync_epoch &&
+                  sigs[r].forward_pass >= first_pass && (!without_grad || sigs[r].forward_pass == first_pass);
+  }
+  if (recoverable) {
     if (others.empty()) {
-      *op.all_abandoned = true;
+      op.marker_outcome->settled = true;
+      op.marker_outcome->peer_failed = !failed.empty();
       return;
     }
-    if (op.signature.kind == kAbandonKind) return;  // a peer is still in the step: another round
+    if (op.signature.marker >= 0) return;  // a peer is still in the step: another round
+    const std::vector<int>& by = failed.empty() ? markers : failed;
     throw Error(ErrorKind::kStepAbandoned, ErrorContext{rank_, op.signature.unit, to_string(op.kind)},
-                str_cat(ranks(markers), " abandoned forward pass ", pass, " (its step failed: ", reason,
-                        "); collective #", op.seq, " of group '", name_, "' (", describe(op.signature, &op),
+                str_cat(ranks(by), " abandoned forward pass ", first_pass,
+                        failed.empty() ? " (it ran that forward and no backward)" : " (its step failed: " + reason + ")",
+                        "; collective #", op.seq, " of group '", name_, "' (", describe(op.signature, &op),
                         ") is not run: the step fails on every rank, and the loop goes on with the next one"));
   }
   std::string msg = str_cat("ranks left a step at different points, at collective #", op.seq, " of group '", name_,
                             "': ");
   std::vector<std::pair<std::string, std::vector<int>>> sides;
   for (int r = 0; r < size_; ++r) {
-    const std::string d = describe(sigs[r]);
+    const std::string d = describe(sigs[r]) + (sigs[r].sync_epoch >= 0 && sigs[r].sync_epoch != sigs[markers.front()].sync_epoch
+                                                   ? str_cat(" after ", sigs[r].sync_epoch, " reduced backward passes")
+                                                   : "");
     auto it = std::find_if(sides.begin(), sides.end(), [&](const auto& p) { return p.first == d; });
     if (it == sides.end()) sides.push_back({d, {r}}); else it->second.push_back(r);
   }
   for (size_t i = 0; i < sides.size(); ++i) msg += (i ? "; " : "") + ranks(sides[i].second) + " issued " + sides[i].first;
-  msg += ". A rank went on past the step another abandoned: their parameters and optimizer states no longer agree. "
-         "The group refuses every later collective; restore the last checkpoint";
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (diverged_.empty()) diverged_ = msg;
-  }
+  msg += ". A rank went on past what another abandoned: the ranks are no longer at the same batch of their "
+         "loops (and hold different parameters if an optimizer step ran since). The group refuses every later "
+         "collective; end the run or restore the last checkpoint";
+  refuse(msg);
   throw Error(ErrorKind::kMismatch, ErrorContext{rank_, op.signature.unit, to_string(op.kind)}, msg);
+}
+
+void ProcessGroup::refuse(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (diverged_.empty()) diverged_ = why;
 }
 
 std::string ProcessGroup::diverged() const {
@@ -317,8 +375,10 @@ void ProcessGroup::run_op(Op& op) {
     if (size_ > 1) {
       backend_->set_deadline(t0 + options_.timeout_s);
       check_same_op(op);
-    } else if (op.all_abandoned) {
-      *op.all_abandoned = true;  // no peer to wait for
+    } else if (op.marker_outcome) {
+      op.marker_outcome->settled = true;  // no peer to wait for
+      op.marker_outcome->peer_failed = false;
+      op.marker_outcome->forward_pass = op.signature.forward_pass;
     }
     op.fn();
   } catch (const Error& e) {
@@ -358,7 +418,7 @@ void ProcessGroup::run_op(Op& op) {
 }
 
 WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn, WorkPtr after,
-                              std::shared_ptr<bool> all_abandoned) {
+                              std::shared_ptr<MarkerOutcome> marker_outcome, int marker_kind, int marker_ordinal) {
   auto work = std::make_shared<Work>();
   std::unique_lock<std::mutex> lock(mu_);
   const ErrorContext where{rank_, d.tag ? d.tag->unit : "", to_string(d.kind)};
@@ -382,8 +442,10 @@ WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn, Work
                                : static_cast<int32_t>(d.reduce_op);
   op.signature.root = d.root;
   op.signature.forward_pass = -1;
+  op.signature.sync_epoch = -1;
   if (d.tag) {
     op.signature.forward_pass = d.tag->forward_pass;
+    op.signature.sync_epoch = d.tag->sync_epoch;
     op.unit = d.tag->unit;
     op.phase = d.tag->phase;
     op.signature.unit_hash = fnv1a64(d.tag->unit);  // the same on every host (std::hash may differ)
@@ -398,15 +460,18 @@ WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn, Work
   rec.numel = op.signature.numel;
   rec.bytes = op.bytes;
   if (d.tag) rec.tag = *d.tag;
+  if (op.marker_outcome) rec.tag.unit.clear();
   rec.issue_s = now_s();
   op.record_id = recorder_->add(std::move(rec));
   if (op.counted) stats_->record_issue(d.kind, op.bytes, split_by_host(d.kind, op.bytes, size_, ranks_on_my_host_));
   op.fn = std::move(fn);
   op.work = work;
   op.after = std::move(after);
-  if (all_abandoned) {
-    op.all_abandoned = std::move(all_abandoned);
-    op.signature.kind = kAbandonKind;
+  op.signature.marker = marker_kind;
+  op.signature.marker_ordinal = marker_ordinal;
+  if (marker_outcome) {
+    op.marker_outcome = std::move(marker_outcome);
+    op.unit.clear();  // the reason travels in the signature's unit field only
   }
   if (size_ == 1) {
     // No peer to wait for: run inline. Every op of this group runs inline, so issue order is kept.
@@ -576,45 +641,95 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split_blocks(int block, bool strided
       new ProcessGroup(std::move(sub), options_, str_cat(name_, "/split(", color, ")"), family_));
 }
 
-WorkPtr ProcessGroup::issue_abandon_marker(int64_t forward_pass, const std::string& reason,
-                                           std::shared_ptr<bool> all_abandoned) {
+WorkPtr ProcessGroup::issue_abandon_marker(const AbandonedPass& pass, int ordinal, std::shared_ptr<MarkerOutcome> outcome) {
   // Not counted in stats: no data moves. The reason travels in the signature's unit field.
-  const OpTag tag{reason, "abandoned step", forward_pass};
+  OpTag tag{pass.reason, "abandoned step", pass.forward_pass};
+  tag.sync_epoch = pass.sync_epoch;
   const Described d{CollectiveKind::kBarrier, nullptr, ReduceOp::kSum, -1, &tag, -1};
-  return enqueue(d, [] {}, nullptr, std::move(all_abandoned));
+  return enqueue(d, [] {}, nullptr, std::move(outcome), static_cast<int>(pass.kind), ordinal);
 }
 
-int abandon_step(const std::vector<ProcessGroup*>& groups, int64_t forward_pass, const std::string& reason) {
-  std::vector<ProcessGroup*> open = groups;
+AbandonResult abandon_step(const std::vector<ProcessGroup*>& groups, const AbandonedPass& pass) {
+  // Every group on its own: its next marker as soon as its last one ran, so that a peer blocked in
+  // one group (and so not yet abandoning) is never kept waiting by this rank's wait in another.
+  struct Open {
+    ProcessGroup* group;
+    WorkPtr work;
+    std::shared_ptr<MarkerOutcome> outcome;
+    int ordinal = 0;
+  };
+  AbandonResult result;
   std::exception_ptr first_error;
-  int rounds = 0;
-  while (!open.empty()) {
-    ++rounds;
-    std::vector<std::pair<WorkPtr, std::shared_ptr<bool>>> round;
-    for (ProcessGroup* g : open) {
-      auto all = std::make_shared<bool>(false);
-      try {
-        round.push_back({g->issue_abandon_marker(forward_pass, reason, all), all});
-      } catch (...) {
-        if (!first_error) first_error = std::current_exception();
-        round.push_back({nullptr, nullptr});
-      }
+  std::vector<Open> open;
+  auto issue = [&](Open& o) {
+    o.outcome = std::make_shared<MarkerOutcome>();
+    ++o.ordinal;
+    result.rounds = std::max(result.rounds, o.ordinal);
+    try {
+      o.work = o.group->issue_abandon_marker(pass, o.ordinal, o.outcome);
+      return true;
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+      return false;  // the group refused it (timed out, diverged)
     }
-    std::vector<ProcessGroup*> still_open;
-    for (size_t i = 0; i < open.size(); ++i) {
-      if (!round[i].first) continue;  // the group refused the marker (timed out, diverged)
-      try {
-        round[i].first->wait();
-      } catch (...) {
-        if (!first_error) first_error = std::current_exception();
+  };
+  for (ProcessGroup* g : groups) {
+    open.push_back({g, nullptr, nullptr, 0});
+    if (!issue(open.back())) open.pop_back();
+  }
+  while (!open.empty()) {
+    bool progressed = false;
+    for (size_t i = 0; i < open.size();) {
+      Open& o = open[i];
+      if (!o.work->is_completed()) {
+        ++i;
         continue;
       }
-      if (!*round[i].second) still_open.push_back(open[i]);
+      progressed = true;
+      bool done = true;
+      try {
+        o.work->wait();
+        if (o.outcome->settled) {
+          result.peer_failed = result.peer_failed || o.outcome->peer_failed;
+          result.forward_pass = std::max(result.forward_pass, o.outcome->forward_pass);
+        } else {
+          done = !issue(o);
+        }
+      } catch (...) {
+        if (!first_error) first_error = std::current_exception();
+      }
+      if (done) {
+        open.erase(open.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
     }
-    open = std::move(still_open);
+    if (!progressed) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   if (first_error) std::rethrow_exception(first_error);
-  return rounds;
+  // Confirmation: one more marker on every group, now that each is settled (so at the same
+  // position on every rank), saying whether any marker of this rank met a peer's real op. The
+  // largest group (the tree's data-parallel group: every rank) gives every rank the same verdict.
+  const bool met = result.rounds > 1;
+  std::vector<std::pair<ProcessGroup*, std::shared_ptr<MarkerOutcome>>> confirmations;
+  for (ProcessGroup* g : groups) {
+    auto outcome = std::make_shared<MarkerOutcome>();
+    OpTag tag{"", "abandoned step (confirmation)", pass.forward_pass};
+    tag.sync_epoch = pass.sync_epoch;
+    const ProcessGroup::Described d{CollectiveKind::kBarrier, nullptr, ReduceOp::kSum, -1, &tag, -1};
+    g->enqueue(d, [] {}, nullptr, outcome, static_cast<int>(pass.kind) + ProcessGroup::kConfirmation, met ? 2 : 1)
+        ->wait();
+    confirmations.push_back({g, outcome});
+  }
+  const auto& widest = *std::max_element(confirmations.begin(), confirmations.end(),
+                                         [](const auto& a, const auto& b) { return a.first->size() < b.first->size(); });
+  result.forward_pass = std::max(result.forward_pass, widest.second->forward_pass);
+  result.peer_failed = result.peer_failed || widest.second->peer_failed;
+  if (!widest.second->ambiguous.empty()) {
+    for (auto& [g, outcome] : confirmations) g->refuse(widest.second->ambiguous);
+    throw Error(ErrorKind::kMismatch, ErrorContext{widest.first->rank(), "", "abandon_step"}, widest.second->ambiguous);
+  }
+  return result;
 }
 
 c10::DeviceType ProcessGroup::device_type() const { return backend_->device_type(); }

@@ -32,7 +32,7 @@ std::vector<at::Tensor> unit_buffers(torch::nn::Module& module) {
   return out;
 }
 
-void broadcast_buffers(torch::nn::Module& root, comm::ProcessGroup& group, int64_t forward_pass) {
+void broadcast_buffers(torch::nn::Module& root, comm::ProcessGroup& group, const comm::OpTag& tag) {
   if (group.size() == 1) return;
   at::NoGradGuard no_grad;
   std::map<c10::ScalarType, std::vector<at::Tensor>> by_dtype;
@@ -45,7 +45,7 @@ void broadcast_buffers(torch::nn::Module& root, comm::ProcessGroup& group, int64
     at::Tensor packed = at::cat(flat);
     const bool bool_type = dtype == at::kBool;  // moved as bytes
     at::Tensor wire = bool_type ? packed.to(at::kByte) : packed;
-    group.broadcast(wire, 0, comm::OpTag{"", "buffers", forward_pass})->wait();
+    group.broadcast(wire, 0, comm::OpTag{"", tag.phase, tag.forward_pass, tag.sync_epoch})->wait();
     if (bool_type) packed = wire.to(at::kBool);
     int64_t off = 0;
     for (auto& b : bufs) {

@@ -19,8 +19,8 @@ std::vector<at::Tensor> unit_buffers(torch::nn::Module& module);
 
 /// Overwrites every buffer of `root`'s whole tree with rank 0's values: one broadcast per dtype
 /// of the buffers packed together, none when there are no buffers. Collective and blocking over
-/// `group`. forward_pass: the root's training forward the broadcast belongs to (OpTag::forward_pass).
-void broadcast_buffers(torch::nn::Module& root, comm::ProcessGroup& group, int64_t forward_pass);
+/// `group`. tag: the root's (its forward pass and sync epoch; phase "buffers").
+void broadcast_buffers(torch::nn::Module& root, comm::ProcessGroup& group, const comm::OpTag& tag);
 
 /// A unit's floating-point buffers, computed with in `dtype` while the stored buffers keep their
 /// own dtype ([Note: buffers] in buffers.cpp): begin() points each buffer object at a cast copy,

@@ -107,7 +107,8 @@ ErrorContext FSDPUnit::where(const std::string& op) const {
 }
 
 comm::OpTag FSDPUnit::tag(const char* phase) const {
-  return comm::OpTag{name_, phase, scheduler_ ? scheduler_->forward_pass() : -1};
+  return comm::OpTag{name_, phase, scheduler_ ? scheduler_->forward_pass() : -1,
+                     scheduler_ ? scheduler_->sync_epoch() : -1};
 }
 
 bool FSDPUnit::is_root() const { return scheduler_ && scheduler_->is_root(this); }
@@ -357,7 +358,7 @@ std::vector<at::Tensor> FSDPUnit::pre_forward(std::vector<at::Tensor> inputs) {
     push_activity(Activity{name_.c_str(), "forward"});
     try {
       if (is_root() && options_.sync_buffers && module_raw_->is_training()) {
-        detail::broadcast_buffers(*module_raw_, *group_, scheduler_->forward_pass());
+        detail::broadcast_buffers(*module_raw_, *group_, tag("buffers"));
       }
       follow_requires_grad();
       forward_index_ = scheduler_->record_use(this);

@@ -255,7 +255,7 @@ void set_requires_gradient_sync(const std::shared_ptr<torch::nn::Module>& root, 
 
 void abandon_step(const std::shared_ptr<torch::nn::Module>& root) {
   const auto unit = root ? find_unit(root.get()) : nullptr;
-  if (unit && unit->scheduler()) unit->scheduler()->abandon_pending_pass();
+  if (unit && unit->scheduler()) unit->scheduler()->abandon_pending_pass(/*failed_here=*/true);
 }
 
 void wait_for_pending(const std::shared_ptr<torch::nn::Module>& root) {

@@ -25,9 +25,10 @@ std::vector<std::shared_ptr<FSDPUnit>> Scheduler::units() const {
 
 void Scheduler::begin_forward(const ErrorContext& where, bool grad_enabled) {
   FSDP_CHECK(!in_forward_, ErrorKind::kState, where, "root forward re-entered");
-  abandon_pending_pass();
+  abandon_pending_pass(/*failed_here=*/false);
   in_forward_ = true;
   if (grad_enabled) ++forward_pass_;
+  forward_with_grad_ = grad_enabled;
   forward_order_.clear();
 }
 
@@ -66,7 +67,7 @@ void Scheduler::end_forward(bool grad_enabled) {
 // pairs the collectives one rank issued and another did not, and a peer still in the step fails
 // it too ([Note: abandoned steps] in process_group.cpp); only then are the in-flight works waited
 // for, which no longer wait on a peer.
-int Scheduler::abandon_collectives(const char* otherwise) noexcept {
+comm::AbandonResult Scheduler::abandon_collectives(comm::AbandonedPass::Kind kind, const char* otherwise) noexcept {
   std::vector<comm::ProcessGroup*> groups;
   for (const auto& u : units()) {
     for (const auto* g : {&u->group(), &u->shard_group(), &u->replicate_group()}) {
@@ -86,22 +87,31 @@ int Scheduler::abandon_collectives(const char* otherwise) noexcept {
   reason = reason.substr(0, reason.find('\n'));
   if (reason.rfind("[fsdp", 0) == 0 && reason.find("] ") != std::string::npos) reason = reason.substr(reason.find("] ") + 2);
   try {
-    return comm::abandon_step(groups, forward_pass_, reason);
+    const auto result = comm::abandon_step(groups, comm::AbandonedPass{kind, forward_pass_, sync_epoch_, reason});
+    // A peer that ran a later micro-batch of the step counted more forwards: every rank goes on
+    // from the latest, so that the next step's collectives carry the same pass everywhere.
+    forward_pass_ = std::max(forward_pass_, result.forward_pass);
+    return result;
   } catch (...) {
     // A group that could not be put back (timed out, or a peer finished the step) refuses its later
     // collectives with the reason, on every rank; the step's own error is the caller's to report.
-    return 0;
+    return comm::AbandonResult{};
   }
 }
 
-void Scheduler::abandon_pending_pass() {
+void Scheduler::abandon_pending_pass(bool failed_here) {
   if (!backward_pending_) return;
   backward_pending_ = false;
-  // Every rank that skipped this backward alike settles in one round, and nothing is dropped (a
-  // forward run with grad enabled and no backward, e.g. an evaluation, is legal); a peer that went
-  // on into its backward had its step failed by the markers and dropped its gradients: so does
-  // this rank.
-  if (abandon_collectives("its backward never started") == 1) return;
+  // Ran to its end here: when every rank skipped this backward alike it settles in one round and
+  // nothing is dropped (a forward with grad enabled and no backward, e.g. an evaluation, is legal);
+  // a peer that went on into its backward had its step failed by the markers and dropped its
+  // gradients: so does this rank. A failure of the pass on a peer with no rank in its backward is
+  // not recoverable (comm::abandon_step refuses it). Failed here: dropped always.
+  using Kind = comm::AbandonedPass::Kind;
+  const auto settled = abandon_collectives(failed_here ? Kind::kFailedWithGrad : Kind::kCompleted,
+                                           failed_here ? "its step failed between forward and backward"
+                                                       : "it ran that forward and no backward");
+  if (!failed_here && settled.rounds == 1) return;
   for (const auto& u : units()) u->reset_after_error(/*drop_grads=*/true);
   last_reduce_scatter_.reset();
   unsynced_since_sync_ = false;
@@ -110,7 +120,9 @@ void Scheduler::abandon_pending_pass() {
 void Scheduler::abort_forward() {
   in_forward_ = false;
   backward_pending_ = false;
-  abandon_collectives("its forward threw");
+  abandon_collectives(forward_with_grad_ ? comm::AbandonedPass::Kind::kFailedWithGrad
+                                         : comm::AbandonedPass::Kind::kFailedWithoutGrad,
+                      "its forward threw");
   for (const auto& u : units()) u->reset_after_error(/*drop_grads=*/true);
   unsynced_since_sync_ = false;  // no unsharded gradient is left on any unit
 }
@@ -118,7 +130,7 @@ void Scheduler::abort_forward() {
 void Scheduler::abort_backward() {
   callback_queued_ = false;
   backward_pending_ = false;
-  abandon_collectives("its backward threw");
+  abandon_collectives(comm::AbandonedPass::Kind::kFailedWithGrad, "its backward threw");
   for (const auto& u : units()) u->reset_after_error(/*drop_grads=*/true);
   last_reduce_scatter_.reset();
   unsynced_since_sync_ = false;  // no unsharded gradient is left on any unit
@@ -210,7 +222,7 @@ void Scheduler::reduce_accumulated(const std::vector<std::shared_ptr<FSDPUnit>>&
   at::Tensor pending = at::zeros({static_cast<int64_t>(alive.size())}, at::kInt);
   for (size_t i = 0; i < alive.size(); ++i) pending[i] = alive[i]->has_pending_grads() ? 1 : 0;
   alive.front()->group()->all_reduce(pending, comm::ReduceOp::kMax,
-                                     comm::OpTag{"", "backward (accumulated)", forward_pass_})->wait();
+                                     comm::OpTag{"", "backward (accumulated)", forward_pass_, sync_epoch_})->wait();
   const int* flag = pending.data_ptr<int>();
   for (size_t i = 0; i < alive.size(); ++i) {
     if (flag[i]) alive[i]->reduce_pending_grads();
@@ -230,6 +242,9 @@ void Scheduler::final_callback() {
   for (const auto& u : alive) u->finish_reduce_scatter();
   for (const auto& u : alive) u->end_of_backward();
   last_reduce_scatter_.reset();
+  bool synced = true;
+  for (const auto& u : alive) synced = synced && u->requires_gradient_sync();
+  if (synced) ++sync_epoch_;  // gradients reached the shards: an optimizer step may follow
   exchange_activity(Activity{});  // the backward is over (the root's pre-backward marked it)
 }
 

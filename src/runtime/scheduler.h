@@ -52,13 +52,19 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// tree's groups, collective and blocking), and when a peer had gone on into its backward (its
   /// collectives met this rank's markers and failed), drops what a failed step drops, so every
   /// rank keeps the same state. No-op when no backward is pending. Never throws. Called by the
-  /// root's next forward, and by fsdp::abandon_step.
-  void abandon_pending_pass();
+  /// root's next forward (failed_here false: the pass ran to its end here, and is dropped only when
+  /// a peer was in its backward), and by fsdp::abandon_step (failed_here true: the loop's step
+  /// failed, dropped always).
+  void abandon_pending_pass(bool failed_here);
   /// Training forwards of this tree so far (root forwards run with grad enabled). Every collective
   /// of the tree carries it into the collective check, so a rank that ran one training forward
   /// more or fewer than its peers fails at its next collective instead of pairing with another
   /// step's, and an abandoned step names the pass it abandons ([Note: abandoned steps]).
   int64_t forward_pass() const { return forward_pass_; }
+  /// Backward passes of this tree that reduced gradients (ended with requires_gradient_sync on
+  /// every unit): the steps an optimizer may have taken. Carried by every collective with
+  /// forward_pass: a failed step is recovered only among ranks at the same count.
+  int64_t sync_epoch() const { return sync_epoch_; }
 
   // -- backward --
   /// Queues the end-of-backward callback on the autograd engine, once per backward pass. When the
@@ -90,7 +96,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   // step with the peers that may have issued more or fewer of the failed step's collectives.
   // The reason sent to the peers: the exception being handled, or `otherwise`. Returns the
   // rounds abandon_step took (0 when it failed).
-  int abandon_collectives(const char* otherwise) noexcept;
+  comm::AbandonResult abandon_collectives(comm::AbandonedPass::Kind kind, const char* otherwise) noexcept;
 
   // Issues the all-gather of the unit (if alive) when it is sharded and the bound allows it.
   void prefetch(const std::weak_ptr<FSDPUnit>& unit, const char* phase);
@@ -109,6 +115,8 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   Units last_forward_order_;  // uses in the last finished forward
   bool in_forward_ = false;
   int64_t forward_pass_ = 0;
+  int64_t sync_epoch_ = 0;       // backward passes that reduced gradients (sync_epoch())
+  bool forward_with_grad_ = false;  // the forward in progress (or last) ran with grad enabled
   bool callback_queued_ = false;
   bool backward_pending_ = false;  // a training forward ended and its backward has not started
   bool unsynced_since_sync_ = false;  // a backward ran with sync off since the last synced one

@@ -79,6 +79,11 @@ fsdp::Error error_of(const std::function<void()>& fn) {
   return fsdp::Error(fsdp::ErrorKind::kState, {}, "none");
 }
 
+// A failed step's forward pass `forward_pass` (sync epoch 0) abandoned for `reason`.
+fsdp::comm::AbandonedPass pass(int64_t forward_pass, const std::string& reason) {
+  return {fsdp::comm::AbandonedPass::Kind::kFailedWithGrad, forward_pass, 0, reason};
+}
+
 }  // namespace
 
 // [Note: abandoned steps] Rank r issued r all-reduces of forward pass 7 before its step failed,
@@ -89,10 +94,10 @@ fsdp::Error error_of(const std::function<void()>& fn) {
 TEST(ThreadedCollectives, AbandonedStepPairsTheCollectivesOneRankIssuedAndAnotherDidNot) {
   for (int n = 2; n <= 5; ++n) {
     fsdp_test::run_threaded(n, [n](int rank, fsdp::comm::ProcessGroupPtr g) {
-      const fsdp::comm::OpTag tag{"h.1", "forward", 7};
+      const fsdp::comm::OpTag tag{"h.1", "forward", 7, 0};
       std::vector<fsdp::comm::WorkPtr> works;
       for (int k = 0; k < rank; ++k) works.push_back(g->all_reduce(at::ones({3}), fsdp::comm::ReduceOp::kSum, tag));
-      fsdp::comm::abandon_step({g.get()}, 7, "rank " + std::to_string(rank) + "'s batch check");
+      fsdp::comm::abandon_step({g.get()}, pass(7, "rank " + std::to_string(rank) + "'s batch check"));
       for (const auto& w : works) {
         const fsdp::Error e = error_of([&] { w->wait(); });
         EXPECT_EQ(e.kind(), fsdp::ErrorKind::kStepAbandoned) << e.what();
@@ -106,7 +111,7 @@ TEST(ThreadedCollectives, AbandonedStepPairsTheCollectivesOneRankIssuedAndAnothe
       // The same ops on every rank: nothing to pair, they complete.
       at::Tensor u = at::full({2}, static_cast<float>(rank + 1));
       auto w = g->all_reduce(u, fsdp::comm::ReduceOp::kSum, tag);
-      fsdp::comm::abandon_step({g.get()}, 7, "every rank's check");
+      fsdp::comm::abandon_step({g.get()}, pass(7, "every rank's check"));
       w->wait();
       EXPECT_EQ(u[1].item<float>(), static_cast<float>(n * (n + 1) / 2));
       EXPECT_EQ(g->diverged(), "");
@@ -118,7 +123,7 @@ TEST(ThreadedCollectives, AbandonedStepPairsTheCollectivesOneRankIssuedAndAnothe
 // throws kMismatch naming both sides, and the group refuses every later op with that reason.
 TEST(ThreadedCollectives, AbandonedStepMetByACollectiveOfNoStepDivergesTheGroup) {
   fsdp_test::run_threaded(2, [](int rank, fsdp::comm::ProcessGroupPtr g) {
-    fsdp::Error e = rank == 0 ? error_of([&] { fsdp::comm::abandon_step({g.get()}, 7, "NaN guard"); })
+    fsdp::Error e = rank == 0 ? error_of([&] { fsdp::comm::abandon_step({g.get()}, pass(7, "NaN guard")); })
                               : error_of([&] { g->all_reduce(at::ones({3}))->wait(); });
     EXPECT_EQ(e.kind(), fsdp::ErrorKind::kMismatch) << e.what();
     for (const char* want : {"ranks left a step at different points", "rank 0 issued nothing more of forward pass 7 "

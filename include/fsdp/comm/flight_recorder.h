@@ -20,6 +20,10 @@ struct OpTag {
   /// The unit's tree's training forward this collective belongs to (1, 2, ...; the count of root
   /// forwards run with grad enabled), -1 outside a tree's step.
   int64_t forward_pass = -1;
+  /// The tree's completed backward passes that reduced gradients (steps an optimizer may have
+  /// taken) when the collective was issued, -1 outside a tree's step. A failed step is recoverable
+  /// only among ranks with the same count ([Note: abandoned steps]).
+  int64_t sync_epoch = -1;
 };
 
 /// Where a collective stands on this rank.

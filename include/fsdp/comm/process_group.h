@@ -42,6 +42,39 @@ struct ProcessGroupOptions {
   static ProcessGroupOptions from_env();
 };
 
+/// The forward pass a rank abandons (abandon_step).
+struct AbandonedPass {
+  enum class Kind : int32_t {
+    kFailedWithGrad = 0,     ///< this rank's step failed in a forward with grad or its backward
+    kFailedWithoutGrad = 1,  ///< this rank's forward failed with grad disabled (an evaluation)
+    kCompleted = 2,          ///< the forward ran and no backward will (nothing failed here)
+  };
+  Kind kind = Kind::kFailedWithGrad;
+  int64_t forward_pass = -1;  ///< OpTag::forward_pass of the pass
+  int64_t sync_epoch = -1;    ///< OpTag::sync_epoch of the pass
+  std::string reason;         ///< for the peers' errors (its first 63 bytes travel)
+};
+
+/// How abandon_step settled.
+struct AbandonResult {
+  /// Rounds of the group that took most: 1 when every rank was at its marker at once.
+  int rounds = 0;
+  /// Some rank's marker at a settling position was a failure (not Kind::kCompleted).
+  bool peer_failed = false;
+  /// The latest forward pass among the markers at the settling positions: ranks that ran more
+  /// forwards of the abandoned step than others (a later micro-batch) agree on it, so that their
+  /// next collectives carry the same pass again (-1 when nothing settled).
+  int64_t forward_pass = -1;
+};
+
+/// One marker's verdict, written by the communication thread before its Work completes.
+struct MarkerOutcome {
+  bool settled = false;      ///< every rank's op at its position was a marker
+  bool peer_failed = false;  ///< one of them a failure
+  int64_t forward_pass = -1; ///< the latest forward pass among them
+  std::string ambiguous;     ///< a confirmation: why the ranks cannot agree ("" when they can)
+};
+
 /// A group of ranks that run collectives together, over a Backend it owns (the c10d shape).
 ///
 /// Call-order rule: every rank of the group issues the same collectives, with the same sizes and
@@ -58,7 +91,7 @@ struct ProcessGroupOptions {
 /// forward pass); when any rank's
 /// differs, no data moves and the op fails on every rank with fsdp::Error (kind kMismatch) naming
 /// the sequence number, each side's op, unit and phase, and the ranks that disagree, instead of
-/// pairing wrong buffers or aborting inside MPI. Always on; cost: one all-gather of 136 bytes per
+/// pairing wrong buffers or aborting inside MPI. Always on; cost: one all-gather of 152 bytes per
 /// rank per op (docs/architecture.md, "Collectives").
 ///
 /// Tensors: contiguous, on the backend's device (the CPU for MPI and threads), at most the
@@ -162,11 +195,13 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options, std::string name,
                std::shared_ptr<Family> family);
 
-  friend int abandon_step(const std::vector<ProcessGroup*>& groups, int64_t forward_pass, const std::string& reason);
+  friend AbandonResult abandon_step(const std::vector<ProcessGroup*>& groups, const AbandonedPass& pass);
+  static constexpr int32_t kConfirmation = 8;  // added to a marker's kind once its group settled
+  // Refuses every later op with `why` (the ranks agreed that they cannot go on together).
+  void refuse(const std::string& why);
 
   // The fixed-size description exchanged by the collective check. An abandon marker
-  // (kind == kAbandonKind) carries the failed step's reason in unit[].
-  static constexpr int32_t kAbandonKind = 1000;
+  // (marker >= 0) carries the failed step's reason in unit[].
   struct Signature {
     int64_t seq;
     int32_t kind;
@@ -175,6 +210,10 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
     int32_t reduce_op;
     int32_t root;
     int64_t forward_pass;  // OpTag::forward_pass
+    int64_t sync_epoch;    // OpTag::sync_epoch
+    int32_t marker;        // an abandon marker's kind (AbandonedPass::Kind; + kConfirmation), -1 for other ops
+    int32_t marker_ordinal;  // 1 for the first marker of this rank's abandon_step, 2, ...; a
+                             // confirmation: 1 when no marker of this rank met a real op
     uint64_t unit_hash;    // of the whole unit name (unit[] holds its first 63 bytes, for errors)
     char unit[64];
     char phase[24];
@@ -191,7 +230,7 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
     std::function<void()> fn;
     WorkPtr work;
     WorkPtr after;  // the op starts once this has completed (null: at once)
-    std::shared_ptr<bool> all_abandoned;  // an abandon marker: set when every rank's op was one
+    std::shared_ptr<MarkerOutcome> marker_outcome;  // an abandon marker's verdict
   };
   struct Described {  // what enqueue needs to know of an op
     CollectiveKind kind;
@@ -202,10 +241,10 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
     int64_t logical_bytes;  // < 0: not counted in stats (set-up)
   };
   WorkPtr enqueue(const Described& d, std::function<void()> fn, WorkPtr after = nullptr,
-                  std::shared_ptr<bool> all_abandoned = nullptr);
-  // Queues one abandon marker for `forward_pass`; *all_abandoned is set once it ran, when every
-  // rank's op at its position was a marker of the same pass.
-  WorkPtr issue_abandon_marker(int64_t forward_pass, const std::string& reason, std::shared_ptr<bool> all_abandoned);
+                  std::shared_ptr<MarkerOutcome> marker_outcome = nullptr, int marker_kind = -1, int marker_ordinal = 0);
+  // Queues this rank's `ordinal`-th abandon marker of `pass`; *outcome says, once it ran, whether
+  // the group is settled.
+  WorkPtr issue_abandon_marker(const AbandonedPass& pass, int ordinal, std::shared_ptr<MarkerOutcome> outcome);
   void worker_loop();
   // Runs one op: its dependency, check, deadline, fn; records times, releases tensors, completes
   // the Work.
@@ -257,22 +296,24 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 /// host's ranks otherwise. Not collective (every rank computes the same answer).
 int uniform_ranks_per_host(const ProcessGroup& group);
 
-/// [Note: abandoned steps] Puts `groups` back in step after this rank abandoned a step that
-/// failed (an exception in an FSDP tree's forward or backward), when its peers may have issued
-/// more or fewer of the step's collectives than this rank. Collective over every group, called by
-/// every rank whose step failed, for the same forward_pass (OpTag::forward_pass); blocks until
-/// every rank of each group has called it. Each round queues one marker on every group not yet
-/// settled and waits for them: a peer's collective paired with a marker is not run and fails on
-/// that peer with fsdp::Error (kStepAbandoned) naming this rank and `reason` (its first 63 bytes),
-/// so that the peer's step fails too and it calls abandon_step; a group is settled at the first
-/// position where every rank's op is a marker, from which its ops pair again. This rank's own
-/// queued collectives complete or fail before it returns. Throws fsdp::Error (kMismatch) when a
-/// peer's collective at a marker's position belongs to another forward pass or to no step (a rank
-/// finished the step this one abandoned: their parameters no longer agree): the group then refuses
-/// every later op with that message; kTimeout as any collective. groups: distinct, the same on
-/// every rank, in any order. Returns the rounds it took: 1 when every rank of every group was
-/// already at its marker (no peer had issued a collective this rank had not).
-int abandon_step(const std::vector<ProcessGroup*>& groups, int64_t forward_pass, const std::string& reason);
+/// [Note: abandoned steps] Puts `groups` back in step after this rank abandoned a forward pass
+/// (an FSDP tree's step failed, or its forward ran and its backward never will), when its peers may
+/// have issued more or fewer of the pass's collectives than this rank. Collective over every group,
+/// called by every rank that abandons the pass; blocks until it is settled on every group. Each
+/// group makes progress on its own: a marker at a time, the next as soon as the last one ran. A
+/// peer's collective paired with a marker is not run and fails on that peer with fsdp::Error
+/// (kStepAbandoned) naming this rank and pass.reason (its first 63 bytes), so that the peer's step
+/// fails too and it calls abandon_step; a group is settled at the first position where every
+/// rank's op is a marker, from which its ops pair again. This rank's queued collectives complete
+/// or fail before it returns. Recoverable when every rank is at the same sync_epoch (no rank has
+/// completed a backward that reduced gradients since: no optimizer step) and at no earlier pass
+/// than the abandoned one, the very pass for one without grad (an evaluation); otherwise (a rank
+/// finished what another abandoned) every rank throws fsdp::Error (kMismatch) naming the sides,
+/// and the group refuses every later op with that message. So it does when a pass one rank
+/// completed without backward (Kind::kCompleted) meets another rank's failure of it and no peer was
+/// in its backward: whether that rank skipped its batch cannot be told. kTimeout as any
+/// collective. groups: distinct, the same on every rank, in any order.
+AbandonResult abandon_step(const std::vector<ProcessGroup*>& groups, const AbandonedPass& pass);
 
 /// Every rank's `mine`, in rank order (element r is rank r's string; any lengths, any bytes).
 /// Collective and blocking over group: two all-gathers (the lengths as int64, then the bytes

@@ -100,16 +100,18 @@ std::vector<at::Tensor> parameters(const std::shared_ptr<torch::nn::Module>& roo
 /// false, backward accumulates unsharded gradients locally and communicates nothing.
 void set_requires_gradient_sync(const std::shared_ptr<torch::nn::Module>& root, bool sync);
 
-/// [Note: abandoned steps] A step that failed on this rank between the tree's forward and its
-/// backward (the loss; the start of backward, before any unit's hook ran) leaves a training
-/// forward whose backward never starts, while a peer whose step did not fail may be in that
-/// backward, waiting in collectives this rank will never issue. The root's next forward abandons
-/// such a forward pass itself (a loop that catches and goes on calls nothing); call this when the
-/// loop will not run another forward (it reports and exits). Collective and blocking over the
-/// tree's groups: returns once every rank has abandoned the pass (a peer's collectives of that
-/// pass fail with fsdp::Error, kStepAbandoned, which fails its step too); a peer that finished the
-/// pass makes every rank's later collectives fail (kMismatch). No-op when no backward is pending
-/// (a failure inside forward or backward is handled where it happens). Never throws.
+/// [Note: abandoned steps] Call in the catch block of a failed step. A step that failed on this
+/// rank between the tree's forward and its backward (the loss; the start of backward, before any
+/// unit's hook ran) leaves a training forward whose backward never starts, while a peer whose step
+/// did not fail may be in that backward, waiting in collectives this rank will never issue: this
+/// abandons the pass as failed (every unit resharded, unreduced gradients dropped). Collective and
+/// blocking over the tree's groups: returns once every rank has abandoned the pass (a peer's
+/// collectives of that pass fail with fsdp::Error, kStepAbandoned, which fails its step too); a
+/// peer that finished the pass makes every rank's later collectives fail (kMismatch). No-op when
+/// no backward is pending (a failure inside forward or backward is handled where it happens).
+/// Without it, the root's next forward abandons the pass as one that ran to its end (an
+/// evaluation with grad enabled), which cannot be told from a failed one when the peers' steps
+/// failed in forward: the group then refuses later collectives (kMismatch). Never throws.
 void abandon_step(const std::shared_ptr<torch::nn::Module>& root);
 
 /// Blocks until every collective issued by units under root has completed and their results are
