@@ -251,12 +251,24 @@ def test_disk_full(opts, tmp):
               "the metrics failure said once, with errno: %r" % out[-600:])
         check("--trace '%s' could not be written" % os.path.join(mnt, "t.json") in out and
               not os.path.exists(os.path.join(mnt, "t.json")), "the trace failure said, no file left")
+        with open(m) as f:
+            lines = f.read().splitlines()
+        whole = True
+        for line in lines:
+            try:
+                json.loads(line)
+            except ValueError:
+                whole = False
+        check(lines and whole, "the metrics file ends after its last whole event (%d lines, no half-written one)" %
+              len(lines))
         # --on-output-error stop: the same full disk stops every rank after the step whose metrics
         # failed, exit 1, one line from rank 0 (after the warning naming the file and errno).
         for n in (2, 4):
             os.remove(m)
-            p = run(["--steps", "30", "--metrics", m, "--on-output-error", "stop",
+            trace = os.path.join(tmp, "stop-%d.json" % n)
+            p = run(["--steps", "30", "--metrics", m, "--on-output-error", "stop", "--trace", trace,
                      "--flight-recorder-dir", os.path.join(tmp, "fr-full")], n, opts)
+            check(not os.path.exists(trace), "N=%d a run stopped early leaves no trace file" % n)
             out = p.stdout + p.stderr
             stop = re.findall(r"fsdp-train: error: the output of rank 0 could not be written .*stopped after step (\d+)",
                               out)

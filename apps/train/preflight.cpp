@@ -32,9 +32,9 @@ std::string probe_write(const fs::path& dir, int rank) {
   const fs::path probe = dir / (".fsdp-probe-" + std::to_string(rank));
   std::string why;
   {
+    errno = 0;  // before the open: a read-only file system refuses it (EROFS)
     std::ofstream f(probe, std::ios::binary | std::ios::trunc);
     const std::vector<char> block(4096, 0);
-    errno = 0;
     if (f) f.write(block.data(), static_cast<std::streamsize>(block.size()));
     if (f) f.flush();
     if (!f) why = std::string("cannot write a file there: ") + (errno ? std::strerror(errno) : "write failed");

@@ -1,6 +1,8 @@
 // fsdp-train's reporting (reporting.h): schedule, console, metrics events, trace.
 #include "train/reporting.h"
 
+#include <unistd.h>
+
 #include <ATen/ops/tensor.h>
 
 #include <algorithm>
@@ -82,7 +84,17 @@ void JsonLines::write(const nlohmann::json& event) {
   out_ << event.dump() << "\n";
   out_.flush();
   ++events_;
-  if (out_) return;
+  if (out_) {
+    good_bytes_ = static_cast<int64_t>(out_.tellp());
+    return;
+  }
+  const int err = errno;
+  // No half-written line is left: the file ends after the last event written whole.
+  out_.close();
+  if (::truncate(path_.c_str(), static_cast<off_t>(good_bytes_)) != 0) {
+    // nothing more to do: the warning below names the first failure
+  }
+  errno = err;
   failed_ = true;
   std::fprintf(stderr, "fsdp-train: warning: --metrics '%s': writing event %lld (\"%s\") failed: %s; %s\n",
                path_.c_str(), static_cast<long long>(events_), event.value("event", std::string("?")).c_str(),
@@ -126,8 +138,8 @@ std::string TraceRecorder::write_merged(const std::string& path, const std::vect
   for (const auto& s : per_rank) {
     for (auto& e : nlohmann::json::parse(s)) events.push_back(std::move(e));
   }
+  errno = 0;  // before the open: a read-only file system refuses it (EROFS)
   std::ofstream out(path, std::ios::trunc);
-  errno = 0;
   if (out) out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
   if (out) out.close();
   if (out) return "";

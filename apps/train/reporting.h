@@ -75,7 +75,8 @@ class Console {
 
 /// JSON-lines writer (one object per line, flushed). Disabled when path is empty or on rank != 0.
 /// Every write is checked: the first that fails (a full disk) is reported once on stderr, naming
-/// the file, the event and errno, and the writer stops there. What the run does then is the
+/// the file, the event and errno, the file is cut back to its last whole line (no half-written
+/// JSON left), and the writer stops there. What the run does then is the
 /// caller's (failed(); --on-output-error): stop_after_failure only words the warning.
 class JsonLines {
  public:
@@ -89,6 +90,7 @@ class JsonLines {
   std::string path_;
   std::ofstream out_;
   int64_t events_ = 0;
+  int64_t good_bytes_ = 0;  // the file's size after the last event written whole
   bool failed_ = false;
   bool stop_after_failure_ = false;
 };

@@ -204,9 +204,6 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   progress_ = resumed.progress;
 
   metrics_.emplace(cfg_.metrics, rank_, cfg_.on_output_error == "stop");
-  if (rank_ == 0 && !cfg_.trace.empty() && !std::ofstream(cfg_.trace, std::ios::trunc)) {
-    throw std::runtime_error("cannot open trace file '" + cfg_.trace + "' for writing");
-  }
   facts_.n_layer = mcfg.n_layer;
   facts_.n_head = mcfg.n_head;
   facts_.n_embd = mcfg.n_embd;
@@ -461,7 +458,7 @@ void Trainer::run() {
   if (!cfg_.trace.empty()) {
     trace_failed = write_trace(trace_, cfg_.trace, *group_);
     console_.line(trace_failed.empty() ? "trace written to " + cfg_.trace
-                                       : "warning: --trace '" + cfg_.trace + "' could not be written: " +
+                                       : "fsdp-train: warning: --trace '" + cfg_.trace + "' could not be written: " +
                                              trace_failed + " (no file left; training and checkpoints are complete)");
   }
   stop_if_output_failed(metrics_->failed() || !trace_failed.empty(), "at the end of the run");

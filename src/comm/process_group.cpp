@@ -613,8 +613,8 @@ WorkPtr ProcessGroup::broadcast(at::Tensor tensor, int root, const OpTag& tag) {
   return enqueue(d, [this, tensor, root] { backend_->broadcast(tensor, root); });
 }
 
-WorkPtr ProcessGroup::barrier(const OpTag& tag) {
-  const Described d{CollectiveKind::kBarrier, nullptr, ReduceOp::kSum, -1, &tag, 0};
+WorkPtr ProcessGroup::barrier(const OpTag& tag, bool counted) {
+  const Described d{CollectiveKind::kBarrier, nullptr, ReduceOp::kSum, -1, &tag, counted ? 0 : -1};
   if (size_ == 1) return enqueue(d, [] {});
   return enqueue(d, [this] { backend_->barrier(); });
 }

@@ -242,6 +242,14 @@ void Scheduler::final_callback() {
   for (const auto& u : alive) u->finish_reduce_scatter();
   for (const auto& u : alive) u->end_of_backward();
   last_reduce_scatter_.reset();
+  // [Note: abandoned steps] The backward's last collective, after its last allocation: a rank
+  // whose backward fails anywhere before it (a hook on the input's gradient, a refusal at the
+  // tail of backward, a peer's reduction failed by markers in another group) never issues it,
+  // and its markers fail this barrier on every peer, so no rank leaves the backward that another
+  // abandoned. One barrier of the tree's group per backward, not counted in stats().
+  if (!alive.empty()) {
+    alive.front()->group()->barrier(comm::OpTag{"", "end of backward", forward_pass_, sync_epoch_}, /*counted=*/false)->wait();
+  }
   bool synced = true;
   for (const auto& u : alive) synced = synced && u->requires_gradient_sync();
   if (synced) ++sync_epoch_;  // gradients reached the shards: an optimizer step may follow

@@ -49,6 +49,7 @@ enum class Failure {
   kOneRankBackward,         // only the last rank's backward hook throws (after fc3's gradients left)
   kMixedPoints,             // r % 4: 0 mid's check, 1 fine, 2 the loss (+ abandon_step), 3 the root after fc3
   kAccumulationOneRank,     // micro-batch 1 (no sync) fails in backward on the last rank only
+  kOneRankInputGradHook,    // the last rank's hook on the input's gradient: after its last reduction
 };
 
 bool fails_in_loss(Failure f, int r, int N) {
@@ -61,7 +62,7 @@ bool rank_dependent(Failure f) {
   return f == Failure::kRankDependentForward || f == Failure::kRankDependentBackward ||
          f == Failure::kRankDependentOom || f == Failure::kOneRankAlone || f == Failure::kLossOneRank ||
          f == Failure::kLossOneRankAbandoned || f == Failure::kOneRankBackward || f == Failure::kMixedPoints ||
-         f == Failure::kAccumulationOneRank;
+         f == Failure::kAccumulationOneRank || f == Failure::kOneRankInputGradHook;
 }
 
 const char* name_of(Failure f) {
@@ -83,6 +84,7 @@ const char* name_of(Failure f) {
     case Failure::kOneRankBackward: return "one rank's backward failing alone";
     case Failure::kMixedPoints: return "forward, loss and root failing on different ranks";
     case Failure::kAccumulationOneRank: return "one rank's no-sync micro-batch failing in backward";
+    case Failure::kOneRankInputGradHook: return "one rank's hook on the input's gradient failing";
   }
   return "?";
 }
@@ -180,7 +182,13 @@ bool run_step(const std::shared_ptr<LoopNetImpl>& model, torch::optim::Optimizer
   opt.zero_grad();
   const std::string when = std::string("step ") + std::to_string(step) + " (" + name_of(f) + ")";
   try {
-    if (f == Failure::kAccumulationOneRank) {
+    if (f == Failure::kOneRankInputGradHook) {
+      at::Tensor xin = x.narrow(0, r * kRows, kRows).clone().requires_grad_(true);
+      if (r == N - 1) {
+        xin.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("NaN guard: non-finite input gradient"); });
+      }
+      F::mse_loss(fsdp::call(model, xin), y.narrow(0, r * kRows, kRows)).backward();
+    } else if (f == Failure::kAccumulationOneRank) {
       fsdp::set_requires_gradient_sync(model, false);
       if (r == N - 1) model->failure = Failure::kBackwardHook;
       (rank_loss(model, x, y, r) * 0.5).backward();
@@ -260,7 +268,7 @@ bool run_step(const std::shared_ptr<LoopNetImpl>& model, torch::optim::Optimizer
   } catch (const std::exception& e) {
     EXPECT_TRUE(f == Failure::kBackwardHook || f == Failure::kAccumulation || f == Failure::kRankDependentForward ||
                 f == Failure::kRankDependentBackward || f == Failure::kOneRankBackward || f == Failure::kMixedPoints ||
-                f == Failure::kAccumulationOneRank || fails_in_loss(f, r, N))
+                f == Failure::kAccumulationOneRank || f == Failure::kOneRankInputGradHook || fails_in_loss(f, r, N))
         << when << ": " << e.what();
     const std::string msg = e.what();
     EXPECT_TRUE(msg.find("NaN guard") != std::string::npos || msg.find("bad batch: rejected ") != std::string::npos)
@@ -338,7 +346,8 @@ TEST(FailedSteps, RanksFailingAtDifferentPointsAllSkipTheStep) {
                                      Failure::kRankDependentOom, Failure::kRankDependentForward, Failure::kNone,
                                      Failure::kLossOneRank, Failure::kNone, Failure::kLossOneRankAbandoned,
                                      Failure::kLossEveryRank, Failure::kNone, Failure::kOneRankBackward,
-                                     Failure::kMixedPoints, Failure::kNone, Failure::kAccumulationOneRank, Failure::kNone});
+                                     Failure::kMixedPoints, Failure::kNone, Failure::kAccumulationOneRank, Failure::kNone,
+                                     Failure::kOneRankInputGradHook, Failure::kNone});
 }
 
 // A rank whose step fails after its peers have finished it (they are at a collective of no step,

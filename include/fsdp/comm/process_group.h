@@ -156,8 +156,9 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   /// tensor on every rank = tensor of rank root (a rank of this group), in place.
   WorkPtr broadcast(at::Tensor tensor, int root, const OpTag& tag = {});
 
-  /// Completes once every rank of the group has issued its barrier.
-  WorkPtr barrier(const OpTag& tag = {});
+  /// Completes once every rank of the group has issued its barrier. counted false leaves it out
+  /// of stats() (an engine's own synchronisation, not the program's traffic).
+  WorkPtr barrier(const OpTag& tag = {}, bool counted = true);
 
   /// Collective over this group (blocking): ranks with the same color form a new group, ordered by
   /// (key, rank), sharing this group's stats(), flight recorder and options, named
