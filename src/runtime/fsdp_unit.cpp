@@ -477,6 +477,10 @@ void FSDPUnit::reset_after_error(bool drop_grads) noexcept {
 
 void FSDPUnit::pre_backward(int64_t forward_index) {
   FSDP_CHECK(scheduler_ != nullptr, ErrorKind::kState, where("backward"), "backward hook before any forward");
+  // Before anything of this backward is queued: no collective, no end-of-backward callback.
+  FSDP_CHECK(!scheduler_->pass_abandoned(), ErrorKind::kState, where("backward"), "backward of forward pass ",
+             scheduler_->forward_pass(), ", which this rank abandoned (fsdp::abandon_step): its peers have left "
+             "it; run the next batch's forward instead");
   scheduler_->ensure_final_callback();
   FSDP_CHECK(training_state_ == TrainingState::kIdle || training_state_ == TrainingState::kPreBackward,
              ErrorKind::kState, where("backward"), "pre-backward in state ", to_string(training_state_),

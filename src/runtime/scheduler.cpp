@@ -26,6 +26,7 @@ std::vector<std::shared_ptr<FSDPUnit>> Scheduler::units() const {
 void Scheduler::begin_forward(const ErrorContext& where, bool grad_enabled) {
   FSDP_CHECK(!in_forward_, ErrorKind::kState, where, "root forward re-entered");
   abandon_pending_pass(/*failed_here=*/false);
+  pass_abandoned_ = false;
   in_forward_ = true;
   if (grad_enabled) ++forward_pass_;
   forward_with_grad_ = grad_enabled;
@@ -102,6 +103,7 @@ comm::AbandonResult Scheduler::abandon_collectives(comm::AbandonedPass::Kind kin
 void Scheduler::abandon_pending_pass(bool failed_here) {
   if (!backward_pending_) return;
   backward_pending_ = false;
+  pass_abandoned_ = failed_here;
   // Ran to its end here: when every rank skipped this backward alike it settles in one round and
   // nothing is dropped (a forward with grad enabled and no backward, e.g. an evaluation, is legal);
   // a peer that went on into its backward had its step failed by the markers and dropped its

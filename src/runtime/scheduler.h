@@ -65,6 +65,9 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   /// every unit): the steps an optimizer may have taken. Carried by every collective with
   /// forward_pass: a failed step is recovered only among ranks at the same count.
   int64_t sync_epoch() const { return sync_epoch_; }
+  /// True from fsdp::abandon_step until the next root forward: a backward of the abandoned pass
+  /// is refused (its peers have left it).
+  bool pass_abandoned() const { return pass_abandoned_; }
 
   // -- backward --
   /// Queues the end-of-backward callback on the autograd engine, once per backward pass. When the
@@ -117,6 +120,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   int64_t forward_pass_ = 0;
   int64_t sync_epoch_ = 0;       // backward passes that reduced gradients (sync_epoch())
   bool forward_with_grad_ = false;  // the forward in progress (or last) ran with grad enabled
+  bool pass_abandoned_ = false;     // fsdp::abandon_step abandoned the last forward pass
   bool callback_queued_ = false;
   bool backward_pending_ = false;  // a training forward ended and its backward has not started
   bool unsynced_since_sync_ = false;  // a backward ran with sync off since the last synced one

@@ -422,6 +422,30 @@ TEST(FailedSteps, EvaluationFailingOnOneRankAfterItsPeersFinishedIsNamed) {
   }
 }
 
+// A loop that abandons its step (fsdp::abandon_step after a failure in the loss) and then runs
+// that step's backward anyway would pair its reductions with its peers' next batch: the backward
+// is refused on this rank before it queues anything (kState), and the next step trains.
+TEST(FailedSteps, BackwardOfAnAbandonedPassIsRefused) {
+  auto g = world();
+  const int N = g->size(), r = g->rank();
+  torch::manual_seed(3);
+  auto model = LoopNet().ptr();
+  fsdp::fully_shard_tree(model, g, top_level_units(), options_for(S::kFullShard, N));
+  auto [x, y] = regression_batch(0, N * kRows, kIn, kOut);
+  at::Tensor loss = rank_loss(model, x, y, r);
+  fsdp::abandon_step(model);  // every rank: the step failed in its loss
+  try {
+    loss.backward();
+    ADD_FAILURE() << "the backward of an abandoned pass ran";
+  } catch (const fsdp::Error& e) {
+    EXPECT_EQ(e.kind(), fsdp::ErrorKind::kState) << e.what();
+    EXPECT_NE(std::string(e.what()).find("which this rank abandoned"), std::string::npos) << e.what();
+  }
+  expect_clean(model, "after the refused backward");
+  rank_loss(model, x, y, r).backward();  // the next step trains
+  expect_clean(model, "after the next step");
+}
+
 namespace {
 
 // Two experts of one type and size under plain fully_shard (no wrap policy to name them).
