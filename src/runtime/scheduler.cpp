@@ -114,9 +114,13 @@ void Scheduler::abandon_pending_pass(bool failed_here) {
                                            failed_here ? "its step failed between forward and backward"
                                                        : "it ran that forward and no backward");
   if (!failed_here && settled.rounds == 1) return;
+  drop_failed_step();
+}
+
+void Scheduler::drop_failed_step() {
   for (const auto& u : units()) u->reset_after_error(/*drop_grads=*/true);
   last_reduce_scatter_.reset();
-  unsynced_since_sync_ = false;
+  unsynced_since_sync_ = false;  // no unsharded gradient is left on any unit
 }
 
 void Scheduler::abort_forward() {
@@ -125,17 +129,14 @@ void Scheduler::abort_forward() {
   abandon_collectives(forward_with_grad_ ? comm::AbandonedPass::Kind::kFailedWithGrad
                                          : comm::AbandonedPass::Kind::kFailedWithoutGrad,
                       "its forward threw");
-  for (const auto& u : units()) u->reset_after_error(/*drop_grads=*/true);
-  unsynced_since_sync_ = false;  // no unsharded gradient is left on any unit
+  drop_failed_step();
 }
 
 void Scheduler::abort_backward() {
   callback_queued_ = false;
   backward_pending_ = false;
   abandon_collectives(comm::AbandonedPass::Kind::kFailedWithGrad, "its backward threw");
-  for (const auto& u : units()) u->reset_after_error(/*drop_grads=*/true);
-  last_reduce_scatter_.reset();
-  unsynced_since_sync_ = false;  // no unsharded gradient is left on any unit
+  drop_failed_step();
   exchange_activity(Activity{});
 }
 

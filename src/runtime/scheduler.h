@@ -99,6 +99,8 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   // step with the peers that may have issued more or fewer of the failed step's collectives.
   // The reason sent to the peers: the exception being handled, or `otherwise`. Returns the
   // rounds abandon_step took (0 when it failed).
+  // Every unit IDLE and resharded, the step's unreduced gradients dropped (a failed step).
+  void drop_failed_step();
   comm::AbandonResult abandon_collectives(comm::AbandonedPass::Kind kind, const char* otherwise) noexcept;
 
   // Issues the all-gather of the unit (if alive) when it is sharded and the bound allows it.
