@@ -33,6 +33,8 @@ Tokenizer::Tokenizer(const std::string& model_path)
   vocab_size_ = sp_->GetPieceSize();
   eos_id_ = piece_id_or_minus_one(*sp_, "<|endoftext|>");
   newline_id_ = piece_id_or_minus_one(*sp_, "<n>");
+  // A byte-fallback model (Llama-2's tokenizer.model) has a piece for the newline byte.
+  if (newline_id_ < 0) newline_id_ = piece_id_or_minus_one(*sp_, "<0x0A>");
 }
 
 Tokenizer::~Tokenizer() = default;

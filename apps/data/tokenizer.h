@@ -14,8 +14,9 @@ namespace apps::data {
 
 /// Wraps a SentencePiece processor. SentencePiece drops newlines (it encodes one sentence at a
 /// time), so encode() splits the text at '\n', encodes each line, and joins the lines with the id
-/// of the user symbol "<n>"; decode() turns that id back into '\n'. A model without "<n>" encodes
-/// lines back to back (newlines are lost). The symbol "<|endoftext|>" marks document ends.
+/// of the user symbol "<n>", or for a byte-fallback model without it (Llama-2's tokenizer.model)
+/// of the newline byte's piece "<0x0A>"; decode() turns that id back into '\n'. A model with
+/// neither encodes lines back to back (newlines are lost). The symbol "<|endoftext|>" marks document ends.
 /// Thread-safe after construction (all methods are const).
 class Tokenizer {
  public:
@@ -33,7 +34,7 @@ class Tokenizer {
   int32_t vocab_size() const { return vocab_size_; }
   /// Id of "<|endoftext|>", or -1 if the model has no such piece.
   int32_t eos_id() const { return eos_id_; }
-  /// Id of "<n>", or -1.
+  /// Id of "<n>" (else "<0x0A>"), or -1.
   int32_t newline_id() const { return newline_id_; }
   const std::string& model_path() const { return model_path_; }
   /// FNV-1a hash of the model file's bytes (identifies the model in token caches).

@@ -73,6 +73,7 @@ void check_config(const GPTConfig& c) {
     throw std::invalid_argument("GPT config: attention '" + c.attention +
                                 "' is not one of auto, flash, math");
   }
+  if (!(c.layer_norm_eps > 0)) throw std::invalid_argument("GPT config: layer_norm_eps must be > 0");
   if (c.n_embd % c.n_head != 0) {
     throw std::invalid_argument("GPT config: n_embd " + std::to_string(c.n_embd) +
                                 " is not divisible by n_head " + std::to_string(c.n_head));
@@ -86,7 +87,9 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
                             const std::string& attention) {
   const int64_t T = q.size(2), D = q.size(3);
   const bool low = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
-  const bool math = attention == "math" || (attention == "auto" && low && T <= 256);
+  // Meta tensors (a dry run) take the math path: libtorch's fused kernel has no meta kernel, and
+  // no values are computed.
+  const bool math = attention == "math" || (attention == "auto" && low && T <= 256) || q.is_meta();
   if (!math) {
     return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                             /*is_causal=*/true);
@@ -141,9 +144,9 @@ at::Tensor MLPImpl::forward(const at::Tensor& x) {
 }
 
 BlockImpl::BlockImpl(const GPTConfig& cfg, at::TensorOptions o) {
-  ln_1 = register_module("ln_1", LayerNorm(cfg.n_embd, o));
+  ln_1 = register_module("ln_1", LayerNorm(cfg.n_embd, o, cfg.layer_norm_eps));
   attn = register_module("attn", CausalSelfAttention(cfg, o));
-  ln_2 = register_module("ln_2", LayerNorm(cfg.n_embd, o));
+  ln_2 = register_module("ln_2", LayerNorm(cfg.n_embd, o, cfg.layer_norm_eps));
   mlp = register_module("mlp", MLP(cfg, o));
 }
 
@@ -163,7 +166,7 @@ GPTImpl::GPTImpl(const GPTConfig& cfg, at::Device device) : cfg_(cfg) {
     blocks.push_back(Block(cfg, o));
     h->push_back(blocks.back());
   }
-  ln_f = register_module("ln_f", LayerNorm(cfg.n_embd, o));
+  ln_f = register_module("ln_f", LayerNorm(cfg.n_embd, o, cfg.layer_norm_eps));
   if (!device.is_meta()) fsdp::init_parameters(*this, gpt_init(cfg));
 }
 
@@ -175,33 +178,9 @@ at::Tensor GPTImpl::forward(const at::Tensor& idx) {
   }
   auto pos = at::arange(T, idx.options().dtype(at::kLong));  // (T,)
   at::Tensor x = wte(idx) + wpe(pos);                         // (B, T, C)
-  for (auto& block : blocks) x = checkpoint_blocks_ ? fsdp::call_checkpointed(block, x) : fsdp::call(block, x);
+  for (auto& block : blocks) x = call_block(block, x);
   x = ln_f(x);
   return at::linear(x, wte->weight);  // (B, T, V), head tied to wte
-}
-
-std::vector<int64_t> GPTImpl::generate(const std::vector<int64_t>& prompt_ids, int64_t n_tokens,
-                                       double temperature, int64_t top_k, uint64_t seed) {
-  if (prompt_ids.empty()) throw std::invalid_argument("generate: empty prompt");
-  if (temperature <= 0.0) throw std::invalid_argument("generate: temperature must be > 0");
-  at::NoGradGuard no_grad;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  std::vector<int64_t> ids = prompt_ids;
-  GPTImpl* self = this;
-  for (int64_t n = 0; n < n_tokens; ++n) {
-    const int64_t T = std::min<int64_t>(static_cast<int64_t>(ids.size()), cfg_.block_size);
-    at::Tensor idx = at::tensor(std::vector<int64_t>(ids.end() - T, ids.end()), at::kLong)
-                         .view({1, T});
-    at::Tensor logits = fsdp::call(self, idx).select(1, T - 1).squeeze(0).to(at::kFloat);  // (V,)
-    logits = logits / temperature;
-    if (top_k > 0 && top_k < logits.size(0)) {
-      at::Tensor kth = std::get<0>(at::topk(logits, top_k)).select(0, top_k - 1);
-      logits = at::where(logits < kth, at::full_like(logits, -INFINITY), logits);
-    }
-    at::Tensor probs = at::softmax(logits, 0);
-    ids.push_back(at::multinomial(probs, 1, /*replacement=*/false, gen).item<int64_t>());
-  }
-  return std::vector<int64_t>(ids.begin() + static_cast<int64_t>(prompt_ids.size()), ids.end());
 }
 
 at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets) {

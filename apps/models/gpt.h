@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fsdp/runtime/materialize.h"
+#include "models/causal_lm.h"
 #include "models/layers.h"
 
 namespace apps::models {
@@ -24,6 +25,7 @@ struct GPTConfig {
   int64_t n_head = 4;
   int64_t n_embd = 128;       ///< model width C; must be divisible by n_head
   int64_t block_size = 256;   ///< context length (max sequence length)
+  double layer_norm_eps = 1e-5;  ///< epsilon of every LayerNorm (GPT-2's layer_norm_epsilon)
   /// Attention kernel: "flash" (at::scaled_dot_product_attention, libtorch's fused CPU kernel),
   /// "math" (softmax(q k^T / sqrt(D) + causal mask) v as two batched matmuls, softmax in fp32,
   /// O(T^2) memory per head), or "auto": math for bf16/fp16 activations with T <= 256, where
@@ -45,7 +47,7 @@ std::vector<std::string> gpt_preset_names();
 constexpr int64_t kGpt2VocabSize = 50257;
 
 /// Causal attention of q, k, v (B, H, T, D) -> (B, H, T, D) with the kernel `attention` names
-/// (GPTConfig::attention). Shared with the Llama model.
+/// (GPTConfig::attention; meta tensors always take the math path). Shared with the Llama model.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::string& attention);
 
@@ -93,28 +95,15 @@ TORCH_MODULE(Block);
 /// rank's shards the values of the CPU build; or a dry run).
 /// Initialisation draws from the global torch generator: seed it (torch::manual_seed) first to build
 /// identical models on every rank.
-class GPTImpl : public torch::nn::Module {
+class GPTImpl : public CausalLMImpl {
  public:
   explicit GPTImpl(const GPTConfig& cfg, at::Device device = at::kCPU);
 
   /// idx: int64 (B, T) token ids, T <= block_size -> logits float (B, T, V). Each block is called
-  /// through fsdp::call, so a block that is an FSDP unit is unsharded around its forward.
-  at::Tensor forward(const at::Tensor& idx);
-
-  /// Samples n_tokens continuation ids of prompt_ids under torch::NoGradGuard, cropping the context
-  /// to block_size. Each step calls the model through fsdp::call(this), so an FSDP-wrapped model is
-  /// unsharded (collective: every rank of the model's group must call it with the same arguments).
-  /// temperature > 0 scales the logits; top_k > 0 keeps the k most likely tokens (0: all). Sampling
-  /// uses a generator seeded with `seed` (same seed on every rank gives the same tokens).
-  std::vector<int64_t> generate(const std::vector<int64_t>& prompt_ids, int64_t n_tokens,
-                                double temperature, int64_t top_k, uint64_t seed);
-
-  /// With true, forward runs each block as an activation-checkpointed region
-  /// (fsdp::call_checkpointed): only the blocks' inputs are kept for backward and each block's
-  /// forward is re-run in its backward (FSDP units are unsharded again for it). Default false.
-  /// Every rank must use the same setting.
-  void set_activation_checkpointing(bool on) { checkpoint_blocks_ = on; }
-  bool activation_checkpointing() const { return checkpoint_blocks_; }
+  /// through fsdp::call (fsdp::call_checkpointed with activation checkpointing on), so a block that
+  /// is an FSDP unit is unsharded around its forward.
+  at::Tensor forward(const at::Tensor& idx) override;
+  int64_t context() const override { return cfg_.block_size; }
 
   const GPTConfig& config() const { return cfg_; }
   /// The output head's weight: the same tensor as wte->weight.
@@ -127,7 +116,6 @@ class GPTImpl : public torch::nn::Module {
 
  private:
   GPTConfig cfg_;
-  bool checkpoint_blocks_ = false;
 };
 TORCH_MODULE(GPT);
 

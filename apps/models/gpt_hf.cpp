@@ -23,10 +23,7 @@ GPTConfig gpt_config_from_hf(const json& c) {
       c["activation_function"] != "gelu_pytorch_tanh") {
     refuse("activation_function", c["activation_function"], "gelu_new, the tanh approximation");
   }
-  if (c.contains("layer_norm_epsilon") &&
-      (!c["layer_norm_epsilon"].is_number() || c["layer_norm_epsilon"].get<double>() != 1e-5)) {
-    refuse("layer_norm_epsilon", c["layer_norm_epsilon"], "1e-05");
-  }
+  g.layer_norm_eps = positive_real(c, "layer_norm_epsilon", 1e-5);
   expect_null_or(c, "n_inner", 4 * g.n_embd, "null or 4 x n_embd");
   expect_value(c, "scale_attn_weights", true, "true");
   expect_value(c, "scale_attn_by_inverse_layer_idx", false, "false");
@@ -47,7 +44,7 @@ json gpt_config_to_hf(const GPTConfig& g) {
               {"n_head", g.n_head},
               {"n_inner", nullptr},
               {"activation_function", "gelu_new"},
-              {"layer_norm_epsilon", 1e-5},
+              {"layer_norm_epsilon", g.layer_norm_eps},
               {"scale_attn_weights", true},
               {"scale_attn_by_inverse_layer_idx", false},
               {"reorder_and_upcast_attn", false},

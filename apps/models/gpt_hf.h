@@ -10,9 +10,9 @@
 namespace apps::models {
 
 /// The GPTConfig of a GPT2LMHeadModel's config.json (model_type "gpt2"): vocab_size,
-/// n_positions (block_size), n_embd, n_layer, n_head. Fields that would change the math this model
-/// computes are checked and any other value refused: activation_function gelu_new (the tanh
-/// approximation; "gelu_pytorch_tanh" is the same), layer_norm_epsilon 1e-5, n_inner null or
+/// n_positions (block_size), n_embd, n_layer, n_head, layer_norm_epsilon (default 1e-5). Fields
+/// that would change the math this model computes are checked and any other value refused:
+/// activation_function gelu_new (the tanh approximation; "gelu_pytorch_tanh" is the same), n_inner null or
 /// 4 x n_embd, scale_attn_weights true, scale_attn_by_inverse_layer_idx false,
 /// reorder_and_upcast_attn false, tie_word_embeddings true. Throws std::invalid_argument naming the
 /// field, its value and what is supported.

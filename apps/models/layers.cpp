@@ -32,17 +32,17 @@ at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
   return at::matmul(at::zeros(shape, weight.options()), weight);
 }
 
-LayerNormImpl::LayerNormImpl(int64_t dim, at::TensorOptions options) : dim_(dim) {
+LayerNormImpl::LayerNormImpl(int64_t dim, at::TensorOptions options, double eps) : dim_(dim), eps_(eps) {
   weight = register_parameter("weight", at::empty({dim}, options));
   bias = register_parameter("bias", at::empty({dim}, options));
 }
 
 at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
-  if (!x.is_meta()) return at::layer_norm(x, {dim_}, weight, bias, 1e-5);
+  if (!x.is_meta()) return at::layer_norm(x, {dim_}, weight, bias, eps_);
   // A dry run: libtorch's C++ build has no meta kernel for layer_norm; the same normalisation
   // from reductions, which have meta kernels (same shapes, same parameter gradients).
   at::Tensor c = x - x.mean(-1, true);
-  return c * at::rsqrt((c * c).mean(-1, true) + 1e-5) * weight + bias;
+  return c * at::rsqrt((c * c).mean(-1, true) + eps_) * weight + bias;
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, at::TensorOptions options) : eps_(eps) {

@@ -31,15 +31,16 @@ class EmbeddingImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Embedding);
 
-/// LayerNorm over the last dim (eps 1e-5) with weight and bias (dim).
+/// LayerNorm over the last dim with weight and bias (dim): (x - mean) / sqrt(var + eps).
 class LayerNormImpl : public torch::nn::Module {
  public:
-  LayerNormImpl(int64_t dim, at::TensorOptions options);
+  LayerNormImpl(int64_t dim, at::TensorOptions options, double eps = 1e-5);
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight, bias;
 
  private:
   int64_t dim_;
+  double eps_;
 };
 TORCH_MODULE(LayerNorm);
 

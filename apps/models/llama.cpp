@@ -63,6 +63,9 @@ void check_config(const LlamaConfig& c) {
       c.ffn <= 0 || c.max_seq <= 0) {
     throw std::invalid_argument("Llama config: all sizes must be positive");
   }
+  if (c.attention != "auto" && c.attention != "flash" && c.attention != "math") {
+    throw std::invalid_argument("Llama config: attention '" + c.attention + "' is not one of auto, flash, math");
+  }
   if (c.d_model % c.n_head != 0 || c.n_head % c.n_kv_head != 0 || (c.d_model / c.n_head) % 2 != 0) {
     throw std::invalid_argument("Llama config: d_model " + std::to_string(c.d_model) + " must split into " +
                                 std::to_string(c.n_head) + " heads of even size, and n_kv_head " +
@@ -99,7 +102,7 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x) {
     k = k.repeat_interleave(H / K, 1);
     v = v.repeat_interleave(H / K, 1);
   }
-  at::Tensor y = causal_attention(q, k, v, "math");  // (B, H, T, D)
+  at::Tensor y = causal_attention(q, k, v, cfg_.attention);  // (B, H, T, D)
   return o_proj(y.transpose(1, 2).contiguous().view({B, T, H * D}));
 }
 
@@ -143,7 +146,7 @@ at::Tensor LlamaImpl::forward(const at::Tensor& idx) {
                                 " exceeds max_seq " + std::to_string(cfg_.max_seq));
   }
   at::Tensor x = embed_tokens(idx);  // (B, T, d)
-  for (auto& b : blocks) x = fsdp::call(b, x);
+  for (auto& b : blocks) x = call_block(b, x);
   return lm_head(norm(x));  // (B, T, vocab)
 }
 

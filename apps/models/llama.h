@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fsdp/runtime/materialize.h"
+#include "models/causal_lm.h"
 #include "models/layers.h"
 
 namespace apps::models {
@@ -28,6 +29,8 @@ struct LlamaConfig {
   int64_t max_seq = 4096;   ///< context length (rotary table)
   double rms_eps = 1e-5;
   double rope_theta = 10000.0;
+  /// Attention kernel, as GPTConfig::attention: "flash", "math" or "auto".
+  std::string attention = "auto";
 
   /// Parameter count: embedding, per layer (q, o: d*d; k, v: d*kv_dim; gate, up, down: d*ffn;
   /// two norms: d), final norm, untied head (vocab*d).
@@ -77,11 +80,13 @@ TORCH_MODULE(LlamaBlock);
 
 /// embed_tokens (vocab, d), layers "layers.0".., final norm, untied lm_head (vocab, d). On the CPU
 /// the constructor initialises (llama_init); on the meta device it allocates nothing.
-class LlamaImpl : public torch::nn::Module {
+class LlamaImpl : public CausalLMImpl {
  public:
   explicit LlamaImpl(const LlamaConfig& cfg, at::Device device = at::kCPU);
-  /// idx int64 (B, T), T <= max_seq -> logits (B, T, vocab). Layers go through fsdp::call.
-  at::Tensor forward(const at::Tensor& idx);
+  /// idx int64 (B, T), T <= max_seq -> logits (B, T, vocab). Layers go through fsdp::call
+  /// (fsdp::call_checkpointed with activation checkpointing on).
+  at::Tensor forward(const at::Tensor& idx) override;
+  int64_t context() const override { return cfg_.max_seq; }
   const LlamaConfig& config() const { return cfg_; }
 
   Embedding embed_tokens{nullptr};

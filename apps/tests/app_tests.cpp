@@ -6,6 +6,7 @@
 #include <ATen/ops/randint.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
+#include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 #include <torch/optim/adamw.h>
 #include <torch/utils.h>
@@ -135,6 +136,24 @@ TEST_F(TokenizerTest, RoundTripKeepsNewlines) {
   std::string text = "And the earth was good.\nEmma said, a wife,\n<|endoftext|>\nIn the end";
   auto ids = tok.encode(text);
   for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < tok.vocab_size());
+  EXPECT_EQ(tok.decode(ids), text);
+}
+
+// A byte-fallback model without the "<n>" symbol, as Llama-2's tokenizer.model is: newlines are
+// the newline byte's piece.
+TEST_F(TokenizerTest, ByteFallbackModelKeepsNewlinesAsTheirBytePiece) {
+  auto status = sentencepiece::SentencePieceTrainer::Train(
+      "--input=" + dir_ + "/text.txt --model_prefix=" + dir_ +
+      "/bytes --vocab_size=400 --model_type=bpe --byte_fallback=true --minloglevel=2");
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  apps::data::Tokenizer tok(dir_ + "/bytes.model");
+  sentencepiece::SentencePieceProcessor sp;
+  ASSERT_TRUE(sp.Load(dir_ + "/bytes.model").ok());
+  EXPECT_EQ(tok.newline_id(), sp.PieceToId("<0x0A>"));
+  EXPECT_EQ(tok.eos_id(), -1);
+  const std::string text = "And the earth was good.\nEmma said, a wife,\n\nIn the end";
+  const auto ids = tok.encode(text);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), tok.newline_id()), 3);
   EXPECT_EQ(tok.decode(ids), text);
 }
 

@@ -25,49 +25,23 @@
 #include "fsdp/comm/mpi_backend.h"
 #include "fsdp/fsdp.h"
 #include "models/gpt.h"
-#include "models/gpt_hf.h"
-#include "models/llama_hf.h"
+#include "models/model_config.h"
 
 namespace {
 
-// A model built from config.json, sharded, with what the test needs of it.
+// The model of a config.json (its family's: GPT or Llama), built on the meta device and sharded
+// with one unit per block.
 struct Model {
-  std::shared_ptr<torch::nn::Module> root;
-  std::function<at::Tensor(const at::Tensor&)> forward;  // idx (B, T) -> logits (B, T, V)
-  int64_t block_size = 0;
-  fsdp::checkpoint::SafetensorsImportOptions import;
-  std::function<fsdp::checkpoint::SafetensorsSource(const std::string&)> target_of;
-  std::string config_json;
+  apps::models::ModelConfig config;
+  std::shared_ptr<apps::models::CausalLMImpl> root;
+  at::Tensor forward(const at::Tensor& idx) const { return fsdp::call(root, idx); }  // (B, T) -> (B, T, V)
 };
 
-// The model of type Holder (GPT or Llama) built on the meta device, sharded with one unit per
-// BlockImpl, and its family's names.
-template <typename Holder, typename BlockImpl>
-Model sharded(const Holder& model, int64_t block_size, const fsdp::FullyShardOptions& o,
-              const fsdp::comm::ProcessGroupPtr& world, fsdp::checkpoint::SafetensorsImportOptions import,
-              std::function<fsdp::checkpoint::SafetensorsSource(const std::string&)> target_of, nlohmann::json config) {
-  fsdp::fully_shard_tree(model.ptr(), world, fsdp::wrap_by_type<BlockImpl>(), o);
-  Model m;
-  m.root = model.ptr();
-  m.forward = [model](const at::Tensor& x) { return fsdp::call(model.ptr(), x); };
-  m.block_size = block_size;
-  m.import = std::move(import);
-  m.target_of = std::move(target_of);
-  m.config_json = config.dump(2) + "\n";
-  return m;
-}
-
 Model build(const nlohmann::json& c, const fsdp::FullyShardOptions& o, const fsdp::comm::ProcessGroupPtr& world) {
-  namespace m = apps::models;
-  if (c.value("model_type", std::string()) == "llama") {
-    const auto cfg = m::llama_config_from_hf(c);
-    return sharded<m::Llama, m::LlamaBlockImpl>(m::Llama(cfg, at::kMeta), cfg.max_seq, o, world,
-                                                m::llama_hf_import_options(), m::llama_hf_tensor,
-                                                m::llama_config_to_hf(cfg));
-  }
-  const auto cfg = m::gpt_config_from_hf(c);
-  return sharded<m::GPT, m::BlockImpl>(m::GPT(cfg, at::kMeta), cfg.block_size, o, world, m::gpt2_hf_import_options(),
-                                       m::gpt2_hf_tensor, m::gpt_config_to_hf(cfg));
+  Model m{apps::models::model_config_from_hf(c), nullptr};
+  m.root = apps::models::build_model(m.config, at::kMeta);
+  fsdp::fully_shard_tree(m.root, world, apps::models::block_wrap_policy(m.config), o);
+  return m;
 }
 
 std::string read_text(const std::string& path) {
@@ -121,7 +95,7 @@ int main(int argc, char** argv) {
     const Model model = build(nlohmann::json::parse(read_text(hf + "/config.json")), o, world);
     const int64_t before_bytes = fsdp::accounting::current_bytes();  // the shards, allocated by fully_shard
     fsdp::accounting::reset_peak_bytes();
-    fsdp::checkpoint::import_safetensors(hf, model.root, world, model.import);
+    fsdp::checkpoint::import_safetensors(hf, model.root, world, apps::models::hf_import_options(model.config));
     if (!peak_json.empty()) {
       // [rank][before, peak during the import, largest tensor of the model]
       int64_t largest = 0;
@@ -163,9 +137,9 @@ int main(int argc, char** argv) {
     }
     if (!export_dir.empty()) {
       fsdp::checkpoint::SafetensorsExportOptions eo;
-      eo.target_of = model.target_of;
+      eo.target_of = [&model](const std::string& p) { return apps::models::hf_tensor(model.config, p); };
       eo.max_file_bytes = export_max_file_bytes;
-      eo.extra_files["config.json"] = model.config_json;
+      eo.extra_files["config.json"] = apps::models::model_config_to_hf(model.config).dump(2) + "\n";
       fsdp::checkpoint::export_safetensors(export_dir, model.root, world, eo);
     }
     if (!logits_after.empty()) {
@@ -177,7 +151,7 @@ int main(int argc, char** argv) {
       at::Tensor ids_now = tokens.narrow(0, 0, 1).narrow(1, 0, greedy_prompt);
       std::vector<int64_t> out;
       for (int64_t k = 0; k < greedy; ++k) {
-        const int64_t T = std::min<int64_t>(ids_now.size(1), model.block_size);
+        const int64_t T = std::min<int64_t>(ids_now.size(1), model.config.context());
         at::Tensor next = model.forward(ids_now.narrow(1, ids_now.size(1) - T, T))
                               .select(1, T - 1)
                               .argmax(-1, /*keepdim=*/true);  // (1, 1)

@@ -4,7 +4,8 @@
   hf_interop.py --bin build/bin/hf_interop
 
 transformers builds a small random GPT2LMHeadModel, and a LlamaForCausalLM with grouped-query
-attention (4 query heads, 2 key/value heads), and saves each with save_pretrained, as one
+attention (4 query heads, 2 key/value heads), with config values that are not transformers' defaults
+(GPT-2's layer_norm_epsilon 1e-3, Llama's rms_norm_eps 1e-4 and rope_theta 5e5), and saves each with save_pretrained, as one
 model.safetensors and as a split checkpoint (max_shard_size: several files and an index).
 fsdp-cpp (hf_interop.cpp) builds the model from config.json on the meta device, shards it and
 imports the weights straight into the shards, at N = 1, 2, 3, 4 under every strategy (hybrid_shard
@@ -60,10 +61,11 @@ def main():
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
         families = [
-            ("gpt2", lambda: GPT2LMHeadModel(GPT2Config(vocab_size=V, n_positions=32, n_embd=48, n_layer=2, n_head=4))),
+            ("gpt2", lambda: GPT2LMHeadModel(GPT2Config(vocab_size=V, n_positions=32, n_embd=48, n_layer=2, n_head=4,
+                                                               layer_norm_epsilon=1e-3))),
             ("llama", lambda: LlamaForCausalLM(LlamaConfig(
                 vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                intermediate_size=172, max_position_embeddings=32, rms_norm_eps=1e-5, rope_theta=10000.0))),
+                intermediate_size=172, max_position_embeddings=32, rms_norm_eps=1e-4, rope_theta=500000.0))),
         ]
         tokens = torch.randint(0, V, (B, T))
         tok_path = os.path.join(tmp, "tokens.bin")

@@ -13,7 +13,7 @@
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/export.h"
 #include "fsdp/checkpoint/safetensors.h"
-#include "models/gpt_hf.h"
+#include "models/model_config.h"
 #include "fsdp/checkpoint/import_optimizer.h"
 #include "fsdp/common/check.h"
 #include "fsdp/optim/optimizer_state.h"
@@ -127,23 +127,26 @@ double import_weights(const TrainConfig& c, const std::shared_ptr<torch::nn::Mod
   return seconds_since(t0);
 }
 
-double import_hf_weights(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& model,
-                         const fsdp::comm::ProcessGroupPtr& group) {
+double import_hf_weights(const TrainConfig& c, const models::ModelConfig& model_config,
+                         const std::shared_ptr<torch::nn::Module>& model, const fsdp::comm::ProcessGroupPtr& group) {
   if (c.init_from_hf.empty()) return 0.0;
   const auto t0 = Clock::now();
   checkpoint_call("--init-from-hf " + c.init_from_hf, [&] {
-    fsdp::checkpoint::import_safetensors(c.init_from_hf, model, group, models::gpt2_hf_import_options());
+    fsdp::checkpoint::import_safetensors(c.init_from_hf, model, group, models::hf_import_options(model_config));
   });
   return seconds_since(t0);
 }
 
-double export_hf_weights(const TrainConfig& c, const models::GPTConfig& model_config,
+double export_hf_weights(const TrainConfig& c, const models::ModelConfig& model_config,
                          const std::shared_ptr<torch::nn::Module>& model, const fsdp::comm::ProcessGroupPtr& group) {
   const auto t0 = Clock::now();
   checkpoint_call("--export-hf " + c.export_hf, [&] {
     fsdp::checkpoint::SafetensorsExportOptions o;
-    o.target_of = models::gpt2_hf_tensor;
-    o.extra_files["config.json"] = models::gpt_config_to_hf(model_config).dump(2) + "\n";
+    o.target_of = [&model_config](const std::string& param) { return models::hf_tensor(model_config, param); };
+    const bool bf16 = c.export_hf_dtype == "bf16";
+    if (bf16) o.dtype = at::kBFloat16;
+    o.max_file_bytes = kHfMaxFileBytes;
+    o.extra_files["config.json"] = models::model_config_to_hf(model_config, bf16 ? "bfloat16" : "float32").dump(2) + "\n";
     fsdp::checkpoint::export_safetensors(c.export_hf, model, group, o);
   });
   return seconds_since(t0);

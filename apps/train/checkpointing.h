@@ -20,7 +20,7 @@
 #include <string>
 
 #include "fsdp/comm/process_group.h"
-#include "models/gpt.h"
+#include "models/model_config.h"
 #include "train/loss_scaling.h"
 #include "train/train_config.h"
 
@@ -78,16 +78,20 @@ Saved save(const TrainConfig& c, const TrainProgress& progress,
 double import_weights(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& model,
                       const fsdp::comm::ProcessGroupPtr& group);
 
-/// --init-from-hf: the Hugging Face GPT2LMHeadModel directory's weights straight into the shards
-/// (fsdp::checkpoint::import_safetensors with gpt2_hf_import_options); seconds taken, 0 without
-/// the flag. The model was built from its config.json (resolve_model). Collective; throws as
-/// import_weights does.
-double import_hf_weights(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& model,
-                         const fsdp::comm::ProcessGroupPtr& group);
-/// --export-hf: the model as a Hugging Face GPT2LMHeadModel directory (config.json of
-/// model_config, model.safetensors streamed unit by unit); seconds taken. Collective; throws as
+/// --init-from-hf: the Hugging Face directory's weights straight into the shards
+/// (fsdp::checkpoint::import_safetensors with the family's models::hf_import_options); seconds
+/// taken, 0 without the flag. The model was built from its config.json (resolve_model: model_config).
+/// Collective; throws as import_weights does.
+double import_hf_weights(const TrainConfig& c, const models::ModelConfig& model_config,
+                         const std::shared_ptr<torch::nn::Module>& model, const fsdp::comm::ProcessGroupPtr& group);
+/// Files of an --export-hf past this many bytes are split (model-0000k-of-0000n.safetensors and an
+/// index), as save_pretrained's default max_shard_size "5GB" does.
+constexpr int64_t kHfMaxFileBytes = 5'000'000'000;
+/// --export-hf: the model as a Hugging Face directory of model_config's family (GPT2LMHeadModel
+/// or LlamaForCausalLM: config.json, safetensors streamed unit by unit, in --export-hf-dtype cast
+/// from the fp32 master weights, split past kHfMaxFileBytes); seconds taken. Collective; throws as
 /// export_weights does.
-double export_hf_weights(const TrainConfig& c, const models::GPTConfig& model_config,
+double export_hf_weights(const TrainConfig& c, const models::ModelConfig& model_config,
                          const std::shared_ptr<torch::nn::Module>& model, const fsdp::comm::ProcessGroupPtr& group);
 /// --export PATH: the full state dict, written by rank 0 (torch.load-able); returns the seconds
 /// it took. Call only with --export set. Collective and blocking over group. Throws

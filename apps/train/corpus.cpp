@@ -27,24 +27,27 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// The uint16 ids of a .bin file (nanoGPT's format), each checked against the vocabulary.
-data::TokenDataset read_ids(const std::string& path, int64_t vocab_size) {
+// The ids of a .bin file (little-endian uint16 as nanoGPT writes them, or uint32 for a vocabulary
+// past 65536: --data-dtype), each checked against the vocabulary.
+data::TokenDataset read_ids(const std::string& path, const std::string& dtype, int64_t vocab_size) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UsageError("--data: cannot open '" + path + "'");
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (bytes.size() % 2 != 0) {
-    throw UsageError("--data: '" + path + "' holds " + std::to_string(bytes.size()) +
-                     " bytes, not a whole number of uint16 token ids");
+  const size_t width = dtype == "uint32" ? 4 : 2;
+  if (bytes.size() % width != 0) {
+    throw UsageError("--data: '" + path + "' holds " + std::to_string(bytes.size()) + " bytes, not a whole number of " +
+                     dtype + " token ids (--data-dtype)");
   }
-  std::vector<int32_t> ids(bytes.size() / 2);
+  std::vector<int32_t> ids(bytes.size() / width);
   for (size_t i = 0; i < ids.size(); ++i) {
-    const auto lo = static_cast<unsigned char>(bytes[2 * i]), hi = static_cast<unsigned char>(bytes[2 * i + 1]);
-    ids[i] = static_cast<int32_t>(lo | (hi << 8));
-    if (ids[i] >= vocab_size) {
-      throw UsageError("--data: '" + path + "' holds token id " + std::to_string(ids[i]) + " at position " +
+    uint64_t id = 0;
+    for (size_t b = 0; b < width; ++b) id |= uint64_t{static_cast<unsigned char>(bytes[width * i + b])} << (8 * b);
+    if (id >= static_cast<uint64_t>(vocab_size)) {
+      throw UsageError("--data: '" + path + "' holds token id " + std::to_string(id) + " at position " +
                        std::to_string(i) + ", past the model's vocabulary of " + std::to_string(vocab_size) +
-                       " (ids of another tokenizer?)");
+                       " (ids of another tokenizer, or another --data-dtype?)");
     }
+    ids[i] = static_cast<int32_t>(id);
   }
   return data::TokenDataset(std::move(ids));
 }
@@ -58,6 +61,10 @@ bool pretokenized_data(const TrainConfig& c) {
 }
 
 std::string tokenizer_path(const TrainConfig& c) {
+  if (!c.tokenizer.empty()) {
+    if (!is_file(c.tokenizer)) throw UsageError("--tokenizer: no file at '" + c.tokenizer + "'");
+    return c.tokenizer;
+  }
   const std::string path = c.data_dir + "/spm_" + std::to_string(c.vocab_size) + ".model";
   if (!is_file(path)) {
     throw UsageError("no tokenizer at " + path + ": run scripts/prepare_data.sh " + c.data_dir +
@@ -76,14 +83,14 @@ Corpus load_corpus(const TrainConfig& c, const data::Tokenizer* tok, int64_t voc
     if (!corpus.val_path.empty() && !is_file(corpus.val_path)) {
       throw UsageError("--data: folder '" + src + "' has train.bin but no val.bin");
     }
-    data::TokenDataset train = read_ids(corpus.train_path, vocab_size);
+    data::TokenDataset train = read_ids(corpus.train_path, c.data_dtype, vocab_size);
     if (corpus.val_path.empty()) {
       const int64_t cut = train.size() - train.size() / 20;
       corpus.val = std::make_shared<const data::TokenDataset>(train.slice(cut, train.size()));
       corpus.train = std::make_shared<const data::TokenDataset>(train.slice(0, cut));
     } else {
       corpus.train = std::make_shared<const data::TokenDataset>(std::move(train));
-      corpus.val = std::make_shared<const data::TokenDataset>(read_ids(corpus.val_path, vocab_size));
+      corpus.val = std::make_shared<const data::TokenDataset>(read_ids(corpus.val_path, c.data_dtype, vocab_size));
     }
     return corpus;
   }

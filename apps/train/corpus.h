@@ -21,13 +21,14 @@ struct Corpus {
   std::shared_ptr<const data::TokenDataset> train, val;
 };
 
-/// <data_dir>/spm_<vocab_size>.model. Not collective. Throws UsageError (naming the script that
-/// prepares it) when the file does not exist.
+/// The SentencePiece model to read text with: --tokenizer FILE when given, else
+/// <data_dir>/spm_<vocab_size>.model. Not collective. Throws UsageError (naming the flag, or the
+/// script that prepares data_dir's) when the file does not exist.
 std::string tokenizer_path(const TrainConfig& c);
 
 /// True when --data names token ids rather than text: a file ending in .bin, or a folder holding
-/// train.bin and val.bin (and no train.txt), as nanoGPT's prepare scripts write them: uint16
-/// little-endian ids of any tokenizer, no header. Not collective (the same answer on every rank of
+/// train.bin and val.bin (and no train.txt), as nanoGPT's prepare scripts write them: little-endian
+/// ids of any tokenizer, no header, uint16 or (--data-dtype uint32) uint32. Not collective (the same answer on every rank of
 /// a shared file system).
 bool pretokenized_data(const TrainConfig& c);
 
@@ -39,7 +40,7 @@ bool pretokenized_data(const TrainConfig& c);
 /// 5% of ids are the validation split) is read as it is, tokenizer null; every id must be below
 /// vocab_size (the model's).
 /// Collective and blocking over group (one barrier). Throws UsageError when the files are missing,
-/// a .bin is not whole uint16 ids or holds an id past the vocabulary (naming the file, the id and
+/// a .bin is not whole ids of --data-dtype or holds an id past the vocabulary (naming the file, the id and
 /// its position), std::runtime_error on I/O errors.
 Corpus load_corpus(const TrainConfig& c, const data::Tokenizer* tokenizer, int64_t vocab_size,
                    fsdp::comm::ProcessGroup& group, Console& console);

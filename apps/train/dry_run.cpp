@@ -9,6 +9,7 @@
 
 #include "fsdp/comm/simulated_backend.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "models/model_config.h"
 #include "models/gpt.h"
 #include "models/llama.h"
 #include "train/errors.h"
@@ -43,32 +44,20 @@ DryRunReport run_dry_run(const TrainConfig& c) {
     return std::make_unique<torch::optim::AdamW>(
         p, torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(1e-8).weight_decay(c.weight_decay));
   };
-  if (c.model.rfind("llama", 0) == 0) {
-    models::LlamaConfig cfg = models::llama_preset(c.model);
-    if (c.vocab_size_given) cfg.vocab_size = c.vocab_size;
-    if (c.seq_len > cfg.max_seq) {
-      throw UsageError("--seq-len " + std::to_string(c.seq_len) + " exceeds the model's context of " +
-                       std::to_string(cfg.max_seq) + " tokens");
-    }
-    spec.build = [cfg] { return std::static_pointer_cast<torch::nn::Module>(models::Llama(cfg, at::kMeta).ptr()); };
-    spec.shard = [=](const std::shared_ptr<torch::nn::Module>& m, fsdp::comm::ProcessGroupPtr g) {
-      fsdp::fully_shard_tree(m, g, fsdp::wrap_by_type<models::LlamaBlockImpl>(), blocks, root);
-    };
-    spec.loss = [=](const std::shared_ptr<torch::nn::Module>& m) {
-      return meta_loss(std::dynamic_pointer_cast<models::LlamaImpl>(m), batch.micro, c.seq_len, cfg.vocab_size);
-    };
-  } else {
-    const bool gpt2 = c.model.rfind("gpt2", 0) == 0;
-    models::GPTConfig cfg = resolve_model(c, gpt2 && !c.vocab_size_given ? models::kGpt2VocabSize : c.vocab_size);
-    cfg.attention = "math";  // no values are computed; the kernel choice changes no byte
-    spec.build = [cfg] { return std::static_pointer_cast<torch::nn::Module>(models::GPT(cfg, at::kMeta).ptr()); };
-    spec.shard = [=](const std::shared_ptr<torch::nn::Module>& m, fsdp::comm::ProcessGroupPtr g) {
-      fsdp::fully_shard_tree(m, g, fsdp::wrap_by_type<models::BlockImpl>(), blocks, root);
-    };
-    spec.loss = [=](const std::shared_ptr<torch::nn::Module>& m) {
-      return meta_loss(std::dynamic_pointer_cast<models::GPTImpl>(m), batch.micro, c.seq_len, cfg.vocab_size);
-    };
-  }
+  // The public models' vocabularies unless --vocab-size is given: GPT-2's 50257 for gpt2*, the
+  // Llama preset's own; nano and micro at --vocab-size.
+  int64_t vocab = c.vocab_size;
+  if (!c.vocab_size_given && c.model.rfind("gpt2", 0) == 0) vocab = models::kGpt2VocabSize;
+  if (!c.vocab_size_given && c.model.rfind("llama", 0) == 0) vocab = models::llama_preset(c.model).vocab_size;
+  models::ModelConfig cfg = resolve_model(c, vocab);
+  cfg.set_attention("math");  // no values are computed; the kernel choice changes no byte
+  spec.build = [cfg] { return std::static_pointer_cast<torch::nn::Module>(models::build_model(cfg, at::kMeta)); };
+  spec.shard = [=](const std::shared_ptr<torch::nn::Module>& m, fsdp::comm::ProcessGroupPtr g) {
+    fsdp::fully_shard_tree(m, g, models::block_wrap_policy(cfg), blocks, root);
+  };
+  spec.loss = [=](const std::shared_ptr<torch::nn::Module>& m) {
+    return meta_loss(std::dynamic_pointer_cast<models::CausalLMImpl>(m), batch.micro, c.seq_len, cfg.vocab_size());
+  };
   DryRunReport r;
   r.model = c.model;
   r.world_size = n;

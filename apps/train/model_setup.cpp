@@ -18,7 +18,6 @@
 
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/fully_shard.h"
-#include "models/gpt_hf.h"
 #include "train/errors.h"
 
 namespace apps::train {
@@ -41,44 +40,69 @@ BatchGeometry resolve_batch(const TrainConfig& c, int world_size) {
   return b;
 }
 
-models::GPTConfig resolve_model(const TrainConfig& c, int64_t vocab_size, bool tokenizer_vocab) {
+models::ModelConfig resolve_model(const TrainConfig& c, int64_t vocab_size, bool tokenizer_vocab) {
   if (!c.init_from_hf.empty()) {
     const std::string path = (std::filesystem::path(c.init_from_hf) / "config.json").string();
-    models::GPTConfig m;
+    models::ModelConfig m;
     try {
       std::ifstream in(path);
       if (!in) throw std::invalid_argument("cannot be read");
-      m = models::gpt_config_from_hf(nlohmann::json::parse(in));
+      m = models::model_config_from_hf(nlohmann::json::parse(in));
     } catch (const std::exception& e) {
       throw UsageError("--init-from-hf: '" + path + "': " + e.what());
     }
-    if (tokenizer_vocab && m.vocab_size != vocab_size) {
+    if (tokenizer_vocab && m.vocab_size() != vocab_size) {
       throw UsageError("--init-from-hf '" + c.init_from_hf + "': the model's vocabulary is " +
-                       std::to_string(m.vocab_size) + " tokens, the tokenizer's " + std::to_string(vocab_size) +
-                       " (fsdp-train reads text through its SentencePiece tokenizer: give a model trained with "
-                       "another tokenizer its own ids, pre-tokenized: --data FILE.bin or a folder of train.bin "
-                       "and val.bin, uint16 ids as nanoGPT writes them)");
+                       std::to_string(m.vocab_size()) + " tokens, the tokenizer's " + std::to_string(vocab_size) +
+                       " (give the model's own SentencePiece tokenizer with --tokenizer FILE, or its ids "
+                       "pre-tokenized: --data FILE.bin or a folder of train.bin and val.bin, as nanoGPT "
+                       "writes them)");
     }
-    m.attention = c.attention;
-    if (c.seq_len > m.block_size) {
+    m.set_attention(c.attention);
+    if (c.seq_len > m.context()) {
       throw UsageError("--seq-len " + std::to_string(c.seq_len) + " exceeds the model's context of " +
-                       std::to_string(m.block_size) + " tokens (n_positions in '" + path + "')");
+                       std::to_string(m.context()) + " tokens (" +
+                       (m.is_llama() ? "max_position_embeddings" : "n_positions") + " in '" + path + "')");
     }
     return m;
   }
-  models::GPTConfig m = models::gpt_preset(c.model, vocab_size);
-  if (c.n_layer > 0) m.n_layer = c.n_layer;
-  if (c.n_head > 0) m.n_head = c.n_head;
-  if (c.n_embd > 0) m.n_embd = c.n_embd;
-  if (c.block_size > 0) m.block_size = c.block_size;
-  m.attention = c.attention;
-  if (m.n_embd % m.n_head != 0) {
-    throw UsageError("--n-embd " + std::to_string(m.n_embd) + " is not divisible by --n-head " +
-                     std::to_string(m.n_head));
+  models::ModelConfig m = models::model_preset(c.model, vocab_size);
+  if (m.is_llama()) {
+    models::LlamaConfig& l = m.llama();
+    if (c.n_layer > 0) l.n_layer = c.n_layer;
+    if (c.n_head > 0) l.n_head = c.n_head;
+    if (c.n_kv_head > 0) l.n_kv_head = c.n_kv_head;
+    if (c.n_embd > 0) l.d_model = c.n_embd;
+    if (c.ffn_hidden > 0) l.ffn = c.ffn_hidden;
+    if (c.block_size > 0) l.max_seq = c.block_size;
+    if (l.d_model % l.n_head != 0 || (l.d_model / l.n_head) % 2 != 0) {
+      throw UsageError("--n-embd " + std::to_string(l.d_model) + " must split into --n-head " + std::to_string(l.n_head) +
+                       " heads of even size (rotary positions rotate pairs of channels)");
+    }
+    if (l.n_head % l.n_kv_head != 0) {
+      throw UsageError("--n-kv-head " + std::to_string(l.n_kv_head) + " must divide --n-head " + std::to_string(l.n_head) +
+                       " (each key/value head serves n_head / n_kv_head query heads)");
+    }
+  } else {
+    if (c.n_kv_head > 0 || c.ffn_hidden > 0) {
+      throw UsageError(std::string(c.n_kv_head > 0 ? "--n-kv-head" : "--ffn-hidden") +
+                       " applies to the Llama models (llama-tiny, llama2-*) only, not " + c.model +
+                       " (a GPT has one key/value head per query head and an MLP of 4 x --n-embd)");
+    }
+    models::GPTConfig& g = m.gpt();
+    if (c.n_layer > 0) g.n_layer = c.n_layer;
+    if (c.n_head > 0) g.n_head = c.n_head;
+    if (c.n_embd > 0) g.n_embd = c.n_embd;
+    if (c.block_size > 0) g.block_size = c.block_size;
+    if (g.n_embd % g.n_head != 0) {
+      throw UsageError("--n-embd " + std::to_string(g.n_embd) + " is not divisible by --n-head " +
+                       std::to_string(g.n_head));
+    }
   }
-  if (c.seq_len > m.block_size) {
+  m.set_attention(c.attention);
+  if (c.seq_len > m.context()) {
     throw UsageError("--seq-len " + std::to_string(c.seq_len) + " exceeds the model's context of " +
-                     std::to_string(m.block_size) + " tokens (raise --block-size)");
+                     std::to_string(m.context()) + " tokens (raise --block-size)");
   }
   return m;
 }
@@ -136,9 +160,9 @@ fsdp::FullyShardOptions root_options_of(const fsdp::FullyShardOptions& blocks) {
   return o;
 }
 
-void check_identical_init(models::GPT& model, fsdp::comm::ProcessGroup& group) {
+void check_identical_init(const torch::nn::Module& model, fsdp::comm::ProcessGroup& group) {
   double sum = 0.0, abs_sum = 0.0;
-  for (const auto& p : model->parameters()) {
+  for (const auto& p : model.parameters()) {
     sum += p.sum().item<double>();
     abs_sum += p.abs().sum().item<double>();
   }
@@ -167,11 +191,11 @@ void check_identical_init(models::GPT& model, fsdp::comm::ProcessGroup& group) {
       "; ranks that differ from rank 0: " + ranks);
 }
 
-std::unique_ptr<torch::optim::AdamW> make_optimizer(const models::GPT& model,
-                                                    const TrainConfig& c) {
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::shared_ptr<torch::nn::Module>& model,
+                                                    const models::ModelConfig& model_config, const TrainConfig& c) {
   std::vector<at::Tensor> decay, no_decay;
-  for (const auto& sp : fsdp::sharded_parameters(model.ptr())) {
-    bool embedding = sp.name.rfind("wte.", 0) == 0 || sp.name.rfind("wpe.", 0) == 0;
+  for (const auto& sp : fsdp::sharded_parameters(model)) {
+    const bool embedding = models::is_embedding_param(model_config, sp.name);
     (sp.tensor.dim() >= 2 && !embedding ? decay : no_decay).push_back(sp.tensor);
   }
   auto adamw = [&](double wd) {

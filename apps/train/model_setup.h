@@ -1,5 +1,5 @@
 // What fsdp-train builds before its first step, resolved from its TrainConfig: the batch geometry,
-// the GPT's shape, the FSDP options of the block and root units, the check that every rank
+// the model's family and shape, the FSDP options of the block and root units, the check that every rank
 // initialised the same parameters, and AdamW over this rank's shards.
 #pragma once
 
@@ -10,7 +10,7 @@
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/runtime/options.h"
-#include "models/gpt.h"
+#include "models/model_config.h"
 #include "train/train_config.h"
 
 namespace apps::train {
@@ -26,13 +26,16 @@ struct BatchGeometry {
 /// rank) when G is not divisible by world_size or micro does not divide the rows per rank.
 BatchGeometry resolve_batch(const TrainConfig& c, int world_size);
 
-/// The --model preset (vocab_size: the tokenizer's, or --vocab-size for pre-tokenized data) with
-/// the flags' overrides; with --init-from-hf, the shape of its config.json, whose vocabulary must
-/// be vocab_size when tokenizer_vocab (text read through the tokenizer; pre-tokenized ids are
-/// checked against the model's vocabulary as they are read). Throws UsageError when --n-embd is
-/// not divisible by --n-head, --seq-len exceeds the context, or the config.json is unreadable,
-/// refused (naming the field) or of another vocabulary.
-models::GPTConfig resolve_model(const TrainConfig& c, int64_t vocab_size, bool tokenizer_vocab = true);
+/// The --model preset (GPT or Llama; vocab_size: the tokenizer's, or --vocab-size for
+/// pre-tokenized data) with the flags' overrides (--n-layer, --n-head, --n-embd, --block-size;
+/// Llama also --n-kv-head, --ffn-hidden); with --init-from-hf, the family and shape of its
+/// config.json (GPT2LMHeadModel or LlamaForCausalLM), whose vocabulary must be vocab_size when
+/// tokenizer_vocab (text read through the tokenizer; pre-tokenized ids are checked against the
+/// model's vocabulary as they are read). Throws UsageError when the heads do not divide the width
+/// (or, for Llama, the kv heads the heads), --n-kv-head / --ffn-hidden are given for a GPT,
+/// --seq-len exceeds the context, or the config.json is unreadable, refused (naming the field) or
+/// of another vocabulary.
+models::ModelConfig resolve_model(const TrainConfig& c, int64_t vocab_size, bool tokenizer_vocab = true);
 
 /// The options of every block unit: strategy, mixed precision (param and reduce dtype bf16/fp16),
 /// forward prefetch, hybrid shard group size ("host": group.host_of_ranks()' ranks per host),
@@ -45,7 +48,7 @@ fsdp::FullyShardOptions resolve_fsdp_options(const TrainConfig& c, const fsdp::c
 /// in this process's affinity mask (at least 1). Not collective.
 int resolve_threads(const TrainConfig& c);
 
-/// The root unit's options (embeddings, final LayerNorm, tied head): the blocks' options, with
+/// The root unit's options (embeddings, final norm, head): the blocks' options, with
 /// fp32 outputs under mixed precision so that the logits and the loss are fp32.
 fsdp::FullyShardOptions root_options_of(const fsdp::FullyShardOptions& blocks);
 
@@ -54,12 +57,12 @@ fsdp::FullyShardOptions root_options_of(const fsdp::FullyShardOptions& blocks);
 /// with rank 0's. Call before sharding. Collective and blocking over group (one all-gather).
 /// Throws std::runtime_error on every rank, naming the first rank that differs with rank 0's
 /// checksums (expected) and its own (actual), and every rank that differs.
-void check_identical_init(models::GPT& model, fsdp::comm::ProcessGroup& group);
+void check_identical_init(const torch::nn::Module& model, fsdp::comm::ProcessGroup& group);
 
 /// AdamW (--lr, --beta1, --beta2, eps 1e-8) over this rank's shards of the sharded model, in two
-/// groups: --weight-decay on the Linear weight matrices, none on biases, LayerNorm weights and the
-/// tied token / position embeddings. Not collective.
-std::unique_ptr<torch::optim::AdamW> make_optimizer(const models::GPT& model,
-                                                    const TrainConfig& c);
+/// groups: --weight-decay on the Linear weight matrices (Llama's untied lm_head included), none on
+/// biases, norm weights and the embedding tables (models::is_embedding_param). Not collective.
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::shared_ptr<torch::nn::Module>& model,
+                                                    const models::ModelConfig& model_config, const TrainConfig& c);
 
 }  // namespace apps::train

@@ -152,8 +152,8 @@ std::string TraceRecorder::write_merged(const std::string& path, const std::vect
 json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& cpu) {
   json e = {
       {"event", "config"},
-      {"model", c.model},
-      {"n_layer", f.n_layer}, {"n_head", f.n_head}, {"n_embd", f.n_embd},
+      {"model", f.model}, {"family", f.family},
+      {"n_layer", f.n_layer}, {"n_head", f.n_head}, {"n_kv_head", f.n_kv_head}, {"n_embd", f.n_embd},
       {"block_size", f.block_size}, {"vocab_size", f.vocab_size}, {"attention", f.attention},
       {"data", f.train_path}, {"val_data", f.val_path.empty() ? "last 5% of data" : f.val_path},
       {"data_dir", c.data_dir}, {"tokenizer", f.tokenizer_path},
@@ -211,7 +211,7 @@ void print_start(Console& console, const TrainConfig& c, const RunFacts& f,
     console.line("imported weights from " + c.import_path + " (" +
                  std::to_string(f.import_s).substr(0, 5) + " s)");
   }
-  console.line("fsdp-train: " + c.model + " (" + human_count(static_cast<double>(f.num_params)) +
+  console.line("fsdp-train: " + f.model + " (" + human_count(static_cast<double>(f.num_params)) +
                " params, " + std::to_string(f.n_layer) + " FSDP block units + root) on " +
                std::to_string(f.world_size) + " rank(s), " + f.strategy + ", " +
                c.mixed_precision + "; " + human_count(static_cast<double>(f.train_tokens)) +

@@ -144,8 +144,10 @@ class TraceScope {
 /// What a run knows once it is set up, beyond its TrainConfig: reported by the config event and
 /// the start-up lines.
 struct RunFacts {
-  // The model as built (preset and overrides).
-  int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
+  // The model as built (preset and overrides, or --init-from-hf's config.json).
+  std::string model;   ///< the preset's name, or "<architecture> from <dir>" with --init-from-hf
+  std::string family;  ///< "gpt" or "llama"
+  int64_t n_layer = 0, n_head = 0, n_kv_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
   std::string attention;
   int64_t num_params = 0;
   // Data.

@@ -84,7 +84,7 @@ std::string find_config_flag(int argc, char** argv) {
 std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, int* exit_code) {
   TrainConfig c;
   CLI::App app{
-      "fsdp-train: trains a GPT-2-style model with Fully Sharded Data Parallel over MPI.\n"
+      "fsdp-train: trains a GPT-2-style or Llama-2-style model with Fully Sharded Data Parallel over MPI.\n"
       "Launch: mpirun -n N fsdp-train [flags]. Rank 0 prints; every rank runs the same flags."};
   // One line per error, like every other failure of fsdp-train (CLI11's default adds a second).
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
@@ -96,7 +96,10 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   constexpr int64_t kMaxSize = int64_t(1) << 30;
 
   // Model
-  app.add_option("--model", c.model, "Model preset (llama-tiny and llama2-* with --dry-run only)")
+  app.add_option("--model", c.model,
+                 "Model preset: GPT-2-style (nano, micro, gpt2*) or Llama-2-style (llama-tiny, llama2-*; "
+                 "RMSNorm, rotary positions, grouped-query attention, SwiGLU, untied head), at the tokenizer's "
+                 "vocabulary")
       ->check(CLI::IsMember({"nano", "micro", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama-tiny",
                              "llama2-7b", "llama2-13b", "llama2-70b"}))
       ->group("Model");
@@ -121,6 +124,11 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--block-size", c.block_size,
                  "Override the preset's context length in tokens (0: keep)")
       ->check(int_in(0, 1 << 24))->group("Model");
+  app.add_option("--n-kv-head", c.n_kv_head,
+                 "Llama only: override the key/value heads (grouped-query attention; divides --n-head; 0: keep)")
+      ->check(int_in(0, 10000))->group("Model");
+  app.add_option("--ffn-hidden", c.ffn_hidden, "Llama only: override the SwiGLU hidden width (0: keep)")
+      ->check(int_in(0, 1 << 24))->group("Model");
   app.add_option("--attention", c.attention,
                  "Attention kernel: flash (libtorch's fused kernel), math (two matmuls, fp32 "
                  "softmax), auto (math for bf16/fp16 at seq len <= 256, where it is faster on CPUs; "
@@ -133,14 +141,21 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--data", c.data,
                  "Training text: a folder holding train.txt and val.txt, or one text file whose "
                  "last 5% of tokens is the validation set (default: <data-dir>/corpus). Or token ids "
-                 "of any tokenizer, pre-tokenized as nanoGPT writes them (uint16): a FILE.bin, or a "
-                 "folder holding train.bin and val.bin; no tokenizer is read, the vocabulary is "
-                 "--init-from-hf's or --vocab-size")
+                 "of any tokenizer, pre-tokenized as nanoGPT writes them (uint16, or --data-dtype): a "
+                 "FILE.bin, or a folder holding train.bin and val.bin; no tokenizer is read, the "
+                 "vocabulary is --init-from-hf's or --vocab-size")
+      ->group("Data");
+  app.add_option("--data-dtype", c.data_dtype,
+                 "Element type of pre-tokenized .bin ids: uint16 (nanoGPT's) or uint32 (vocabularies past 65536)")
+      ->check(CLI::IsMember({"uint16", "uint32"}))->group("Data");
+  app.add_option("--tokenizer", c.tokenizer,
+                 "A SentencePiece model file to read the text with (e.g. Llama-2's tokenizer.model) "
+                 "instead of <data-dir>/spm_<vocab>.model; the vocabulary is the file's")
       ->group("Data");
   app.add_option("--vocab-size", c.vocab_size,
                  "Tokenizer vocabulary size in tokens: selects <data-dir>/spm_<vocab>.model (with "
                  "pre-tokenized --data: the model's vocabulary; every id must be below it)")
-      ->check(int_in(1, 65536))->group("Data");
+      ->check(int_in(1, 1 << 24))->group("Data");
   // Parallelism
   app.add_option("--strategy", c.strategy,
                  "Sharding strategy: full_shard (ZeRO-3), shard_grad_op (ZeRO-2), zero1, no_shard "
@@ -295,15 +310,19 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
                  "After training, write the full state dict to this file (torch.load-able)")
       ->group("Checkpoints");
   app.add_option("--init-from-hf", c.init_from_hf,
-                 "Start from a Hugging Face GPT2LMHeadModel directory (config.json and model.safetensors, "
-                 "or a split checkpoint with model.safetensors.index.json): the model's shape comes from "
-                 "its config.json, its weights are read straight into each rank's shards; its "
-                 "vocabulary must be the tokenizer's")
+                 "Start from a Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory (config.json and "
+                 "model.safetensors, or a split checkpoint with model.safetensors.index.json): the model's "
+                 "family and shape come from its config.json, its weights are read straight into each "
+                 "rank's shards; its vocabulary must be the tokenizer's (--tokenizer) or the ids' (--data FILE.bin)")
       ->group("Checkpoints");
   app.add_option("--export-hf", c.export_hf,
-                 "After training, write the model to this directory as a Hugging Face GPT2LMHeadModel "
-                 "(config.json, model.safetensors): transformers' from_pretrained loads it")
+                 "After training, write the model to this directory as a Hugging Face GPT2LMHeadModel or "
+                 "LlamaForCausalLM (config.json, model.safetensors, split with an index past 5 GB): "
+                 "transformers' from_pretrained loads it")
       ->group("Checkpoints");
+  app.add_option("--export-hf-dtype", c.export_hf_dtype,
+                 "Dtype of the --export-hf tensors, cast from the fp32 master weights: fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))->group("Checkpoints");
   app.add_option("--import", c.import_path,
                  "Before training, load full weights from this file (written by --export or by "
                  "torch.save of a dict of tensors); optimizer state starts fresh (fine-tuning) "
@@ -354,7 +373,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
           {"--save", !c.save.empty()}, {"--resume", !c.resume.empty()}, {"--import", !c.import_path.empty()},
           {"--import-optimizer", !c.import_optimizer_path.empty()}, {"--export", !c.export_path.empty()},
           {"--init-from-hf", !c.init_from_hf.empty()}, {"--export-hf", !c.export_hf.empty()},
-          {"--data", !c.data.empty()}, {"--memory-budget", !c.memory_budget.empty()},
+          {"--data", !c.data.empty()}, {"--tokenizer", !c.tokenizer.empty()}, {"--memory-budget", !c.memory_budget.empty()},
           {"--activation-checkpointing", c.activation_checkpointing}, {"--metrics", !c.metrics.empty()},
           {"--trace", !c.trace.empty()}};
       for (const auto& [flag, given] : ignored) {
@@ -368,9 +387,8 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
                                                   "model on the meta device and initialises nothing)");
       }
     }
-    if (!c.dry_run && c.model.rfind("llama", 0) == 0) {
-      throw CLI::ValidationError("--model", c.model + " is available with --dry-run only (fsdp-train trains "
-                                 "the GPT presets)");
+    if (app.count("--export-hf-dtype") > 0 && c.export_hf.empty()) {
+      throw CLI::ValidationError("--export-hf-dtype", "needs --export-hf DIR");
     }
     if (c.save.empty() && (c.save_every > 0 || c.keep > 0)) {
       throw CLI::ValidationError("--save-every/--keep", "need --save DIR");
@@ -387,7 +405,8 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       const std::pair<const char*, bool> conflicting[] = {
           {"--import", !c.import_path.empty()}, {"--resume", !c.resume.empty()},
           {"--model", c.model_given}, {"--n-layer", c.n_layer > 0}, {"--n-head", c.n_head > 0},
-          {"--n-embd", c.n_embd > 0}, {"--block-size", c.block_size > 0}};
+          {"--n-embd", c.n_embd > 0}, {"--block-size", c.block_size > 0}, {"--n-kv-head", c.n_kv_head > 0},
+          {"--ffn-hidden", c.ffn_hidden > 0}};
       for (const auto& [flag, given] : conflicting) {
         if (given) {
           throw CLI::ValidationError("--init-from-hf", std::string("cannot be combined with ") + flag +

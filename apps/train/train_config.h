@@ -10,11 +10,13 @@ namespace apps::train {
 /// Resolved settings of one fsdp-train run. Defaults here are the flag defaults.
 struct TrainConfig {
   // Model
-  std::string model = "nano";  ///< preset name (models/gpt.h)
+  std::string model = "nano";  ///< preset name (models/causal_lm.h: GPT or Llama)
   int64_t n_layer = 0;         ///< overrides of the preset; 0 keeps the preset's value
   int64_t n_head = 0;
-  int64_t n_embd = 0;
-  int64_t block_size = 0;
+  int64_t n_embd = 0;          ///< width (Llama: d_model)
+  int64_t block_size = 0;      ///< context (Llama: max_seq)
+  int64_t n_kv_head = 0;       ///< Llama only: key/value heads (grouped-query attention)
+  int64_t ffn_hidden = 0;      ///< Llama only: SwiGLU hidden width
   std::string attention = "auto";  ///< models::GPTConfig::attention
   /// Build the model on the meta device, shard it, then write only this rank's rows
   /// (fsdp::materialize): no rank ever holds the full model. Same initial values as without.
@@ -27,6 +29,11 @@ struct TrainConfig {
   std::string data_dir = "./data";  ///< holds spm_<vocab>.model and corpus/
   std::string data;                 ///< text file or folder with train.txt + val.txt; "" = data_dir/corpus
   int64_t vocab_size = 8192;        ///< selects data_dir/spm_<vocab_size>.model
+  /// A SentencePiece model file (e.g. Llama-2's tokenizer.model) instead of data_dir's
+  /// spm_<vocab_size>.model ("" = data_dir's).
+  std::string tokenizer;
+  /// Element type of pre-tokenized --data .bin files: "uint16" (nanoGPT's) or "uint32".
+  std::string data_dtype = "uint16";
   /// --vocab-size was given (on the command line or in --config): a dry run of a gpt2 or llama2
   /// preset then builds it at this vocabulary instead of the public model's (50257, 32000).
   bool vocab_size_given = false;
@@ -97,11 +104,14 @@ struct TrainConfig {
   std::string resume;       ///< checkpoint (or directory of checkpoints) to resume; "latest" = --save
   std::string export_path;  ///< full state dict (torch.load-able) written after training
   std::string import_path;  ///< full weights loaded before training (fine-tuning)
-  /// A Hugging Face GPT2LMHeadModel directory (config.json + safetensors): the model's shape and
+  /// A Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory (config.json + safetensors): the model's shape and
   /// weights, imported straight into the shards (fine-tuning a published model).
   std::string init_from_hf;
-  /// After training, write the model as a Hugging Face GPT2LMHeadModel directory.
+  /// After training, write the model as a Hugging Face directory (GPT2LMHeadModel or
+  /// LlamaForCausalLM).
   std::string export_hf;
+  /// Dtype of the --export-hf tensors, from the fp32 master weights: "fp32" or "bf16".
+  std::string export_hf_dtype = "fp32";
   bool model_given = false;  ///< --model was on the command line (or in --config)
   /// with import_path: the optimizer state of the plain libtorch run that wrote those weights
   std::string import_optimizer_path;

@@ -29,6 +29,7 @@
 #include "fsdp/optim/clip.h"
 #include "fsdp/runtime/fully_shard.h"
 #include "fsdp/runtime/materialize.h"
+#include "models/model_config.h"
 #include "models/gpt.h"
 #include "train/checkpointing.h"
 #include "train/corpus.h"
@@ -46,7 +47,7 @@ namespace {
 
 /// Mean loss over `batches` global validation batches, micro sequences per forward. Collective
 /// over group (the model's forwards, then one all-reduce); no grad.
-double evaluate(models::GPT& model, const data::DistributedBatchSampler& val, int64_t batches,
+double evaluate(const std::shared_ptr<models::CausalLMImpl>& model, const data::DistributedBatchSampler& val, int64_t batches,
                 int64_t micro, fsdp::comm::ProcessGroup& group) {
   at::NoGradGuard no_grad;
   const int64_t T = val.seq_len();
@@ -107,7 +108,8 @@ class Trainer {
   Corpus corpus_;
   std::optional<data::DistributedBatchSampler> train_sampler_, val_sampler_;
   int64_t eval_batches_ = 0;  ///< --eval-batches, at most the validation set once
-  models::GPT model_{nullptr};
+  models::ModelConfig model_config_;
+  std::shared_ptr<models::CausalLMImpl> model_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   TrainProgress progress_;
   std::optional<JsonLines> metrics_;
@@ -135,22 +137,30 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   // Pre-tokenized --data (uint16 ids) needs no tokenizer: the vocabulary is --init-from-hf's, or
   // --vocab-size.
   const bool pretokenized = pretokenized_data(cfg_);
+  if (pretokenized && !cfg_.tokenizer.empty()) {
+    throw UsageError("--tokenizer: a pre-tokenized --data (" + cfg_.data + ") has no text to read with it");
+  }
+  if (!pretokenized && cfg_.data_dtype != "uint16") {
+    throw UsageError("--data-dtype " + cfg_.data_dtype + " applies to pre-tokenized .bin ids, not the text of " +
+                     (cfg_.data.empty() ? cfg_.data_dir + "/corpus" : cfg_.data));
+  }
   if (!pretokenized) {
     facts_.tokenizer_path = tokenizer_path(cfg_);
     try {  // the same file on every rank: the same verdict, a usage error rather than an abort
       tokenizer_ = std::make_unique<data::Tokenizer>(facts_.tokenizer_path);
     } catch (const std::runtime_error& e) {
-      throw UsageError(std::string("--data-dir / --vocab-size: ") + e.what());
+      throw UsageError(std::string(cfg_.tokenizer.empty() ? "--data-dir / --vocab-size: " : "--tokenizer: ") + e.what());
     }
   } else if (cfg_.sample_tokens > 0) {
     throw UsageError("--sample-tokens: a pre-tokenized --data (" + cfg_.data +
                      ") comes with no tokenizer to encode the prompt and decode the sample");
   }
-  const models::GPTConfig mcfg =
+  model_config_ =
       resolve_model(cfg_, tokenizer_ ? tokenizer_->vocab_size() : cfg_.vocab_size, /*tokenizer_vocab=*/!pretokenized);
   // Everything the end of the run needs is checked now, before any data or training.
+  const models::ModelConfig& mcfg = model_config_;
   PreflightFacts pf;
-  pf.vocab_size = mcfg.vocab_size;
+  pf.vocab_size = mcfg.vocab_size();
   pf.prompt_tokens = tokenizer_ ? static_cast<int64_t>(tokenizer_->encode(cfg_.sample_prompt).size()) : 0;
   pf.checkpoint_bytes = checkpoint_bytes_of(mcfg.num_params());
   pf.export_bytes = export_bytes_of(mcfg.num_params());
@@ -159,7 +169,7 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   // Data: rank 0 tokenizes first (a barrier).
   {
     const fsdp::ActivityScope activity(nullptr, "loading data");
-    corpus_ = load_corpus(cfg_, tokenizer_.get(), mcfg.vocab_size, *group_, console_);
+    corpus_ = load_corpus(cfg_, tokenizer_.get(), mcfg.vocab_size(), *group_, console_);
     check_ranks_agree(data_settings(*corpus_.train, *corpus_.val), *group_,
                       "every rank must read the same text with the same tokenizer: --data, --data-dir");
     train_sampler_.emplace(make_sampler(corpus_.train, cfg_, rank_, world_, "training"));
@@ -182,14 +192,13 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   torch::manual_seed(cfg_.seed);
   {
     const fsdp::ActivityScope activity(nullptr, "model build");
-    model_ = models::GPT(mcfg, cfg_.meta_init ? at::kMeta : at::kCPU);
+    model_ = models::build_model(mcfg, cfg_.meta_init ? at::kMeta : at::kCPU);
     model_->set_activation_checkpointing(cfg_.activation_checkpointing);
-    if (!cfg_.meta_init) check_identical_init(model_, *group_);
+    if (!cfg_.meta_init) check_identical_init(*model_, *group_);
   }
   try {
     const fsdp::ActivityScope activity(nullptr, "fully_shard");
-    fsdp::fully_shard_tree(model_.ptr(), group_, fsdp::wrap_by_type<models::BlockImpl>(),
-                           fsdp_options_, root_options_);
+    fsdp::fully_shard_tree(model_, group_, models::block_wrap_policy(mcfg), fsdp_options_, root_options_);
   } catch (const fsdp::OutOfMemory&) {
     throw;  // the memory budget, not the settings
   } catch (const fsdp::Error& e) {
@@ -197,19 +206,22 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
     throw UsageError(std::string("the FSDP engine rejected these settings: ") + e.what());
   }
   // --init-from-hf writes every parameter's rows from the file: a meta build needs no init.
-  if (cfg_.meta_init && cfg_.init_from_hf.empty()) fsdp::materialize(model_.ptr(), models::gpt_init(mcfg));
-  facts_.import_s = import_weights(cfg_, model_.ptr(), group_) + import_hf_weights(cfg_, model_.ptr(), group_);
-  optimizer_ = make_optimizer(model_, cfg_);
-  const Resumed resumed = resume(cfg_, model_.ptr(), *optimizer_, loss_scaling_, group_);
+  if (cfg_.meta_init && cfg_.init_from_hf.empty()) fsdp::materialize(model_, models::model_init(mcfg));
+  facts_.import_s = import_weights(cfg_, model_, group_) + import_hf_weights(cfg_, mcfg, model_, group_);
+  optimizer_ = make_optimizer(model_, mcfg, cfg_);
+  const Resumed resumed = resume(cfg_, model_, *optimizer_, loss_scaling_, group_);
   progress_ = resumed.progress;
 
   metrics_.emplace(cfg_.metrics, rank_, cfg_.on_output_error == "stop");
-  facts_.n_layer = mcfg.n_layer;
-  facts_.n_head = mcfg.n_head;
-  facts_.n_embd = mcfg.n_embd;
-  facts_.block_size = mcfg.block_size;
-  facts_.vocab_size = mcfg.vocab_size;
-  facts_.attention = mcfg.attention;
+  facts_.model = cfg_.init_from_hf.empty() ? cfg_.model : mcfg.hf_architecture() + " from " + cfg_.init_from_hf;
+  facts_.family = mcfg.family();
+  facts_.n_layer = mcfg.n_layer();
+  facts_.n_head = mcfg.n_head();
+  facts_.n_kv_head = mcfg.n_kv_head();
+  facts_.n_embd = mcfg.width();
+  facts_.block_size = mcfg.context();
+  facts_.vocab_size = mcfg.vocab_size();
+  facts_.attention = mcfg.attention();
   facts_.num_params = mcfg.num_params();
   facts_.train_path = corpus_.train_path;
   facts_.val_path = corpus_.val_path;
@@ -236,7 +248,7 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
 
 int64_t Trainer::held_for_activations() const {
   return fsdp::accounting::current_bytes() -
-         fsdp::accounting::model_state_bytes(model_.ptr()).unsharded_param_bytes;
+         fsdp::accounting::model_state_bytes(model_).unsharded_param_bytes;
 }
 
 StepResult Trainer::train_step(const at::Tensor& batch, int64_t step) {
@@ -248,7 +260,7 @@ StepResult Trainer::train_step(const at::Tensor& batch, int64_t step) {
   const auto t0 = Clock::now();
   try {
   for (int64_t k = 0; k < accum; ++k) {
-    fsdp::set_requires_gradient_sync(model_.ptr(), k == accum - 1);
+    fsdp::set_requires_gradient_sync(model_, k == accum - 1);
     at::Tensor mb = batch.slice(0, k * micro, (k + 1) * micro);  // (micro, T+1)
     at::Tensor loss;
     const int64_t held_before = held_for_activations();
@@ -274,7 +286,7 @@ StepResult Trainer::train_step(const at::Tensor& batch, int64_t step) {
     // A failure between the forward and the backward (the loss refused by --memory-budget) on
     // this rank: its peers may be in that backward; they fail their step too and the ranks agree
     // on the report (failures.h). Failures inside forward or backward are settled there.
-    fsdp::abandon_step(model_.ptr());
+    fsdp::abandon_step(model_);
     throw;
   }
   fsdp::accounting::ModelStateBytes state;
@@ -282,10 +294,10 @@ StepResult Trainer::train_step(const at::Tensor& batch, int64_t step) {
   {
     TraceScope s(trace_, "optimizer step (clip + AdamW)");
     const fsdp::ActivityScope activity(nullptr, "optimizer step");
-    loss_scaling_.unscale(model_.ptr());
-    r.grad_norm = fsdp::clip_grad_norm(model_.ptr(), cfg_.grad_clip);
+    loss_scaling_.unscale(model_);
+    r.grad_norm = fsdp::clip_grad_norm(model_, cfg_.grad_clip);
     const std::string nonfinite = nonfinite_report(step, r.local_loss, r.grad_norm,
-                                                   !loss_scaling_.enabled(), model_.ptr(), *group_);
+                                                   !loss_scaling_.enabled(), model_, *group_);
     if (!nonfinite.empty() && cfg_.on_nonfinite == "stop") {
       throw RunError(nonfinite + "; stopped before the optimizer step, no checkpoint of this step "
                      "(--on-nonfinite skip drops such steps instead)");
@@ -295,9 +307,9 @@ StepResult Trainer::train_step(const at::Tensor& batch, int64_t step) {
       loss_scaling_.skip_step();
       console_.line(nonfinite + "; update skipped (--on-nonfinite skip)");
     } else {
-      r.stepped = loss_scaling_.step(*optimizer_, model_.ptr());
+      r.stepped = loss_scaling_.step(*optimizer_, model_);
     }
-    state = fsdp::accounting::model_state_bytes(model_.ptr(), optimizer_.get());
+    state = fsdp::accounting::model_state_bytes(model_, optimizer_.get());
     optimizer_->zero_grad();
   }
   r.step_time_s = seconds_since(t0);
@@ -330,7 +342,7 @@ void Trainer::eval_now(int64_t step) {
 void Trainer::save_now() {
   const double t0_us = trace_.now_us();
   const fsdp::ActivityScope activity(nullptr, "checkpoint save");
-  const Saved saved = save(cfg_, progress_, model_.ptr(), *optimizer_, loss_scaling_, group_);
+  const Saved saved = save(cfg_, progress_, model_, *optimizer_, loss_scaling_, group_);
   trace_.add("checkpoint save", "compute", 0, t0_us, trace_.now_us() - t0_us);
   metrics_->write({{"event", "checkpoint"}, {"step", progress_.step}, {"path", saved.path},
                    {"save_s", saved.save_s}});
@@ -425,7 +437,7 @@ void Trainer::run() {
   if (cfg_.sample_tokens > 0) sample();
   if (!cfg_.export_path.empty()) {
     const double t0_us = trace_.now_us();
-    const double export_s = export_weights(cfg_, model_.ptr(), group_);
+    const double export_s = export_weights(cfg_, model_, group_);
     trace_.add("export", "compute", 0, t0_us, trace_.now_us() - t0_us);
     comm_trace.flush();
     metrics_->write({{"event", "export"}, {"path", cfg_.export_path}, {"export_s", export_s}});
@@ -434,11 +446,12 @@ void Trainer::run() {
   }
   if (!cfg_.export_hf.empty()) {
     const double t0_us = trace_.now_us();
-    const double export_s = export_hf_weights(cfg_, model_->config(), model_.ptr(), group_);
+    const double export_s = export_hf_weights(cfg_, model_config_, model_, group_);
     trace_.add("export (Hugging Face)", "compute", 0, t0_us, trace_.now_us() - t0_us);
     comm_trace.flush();
     metrics_->write({{"event", "export_hf"}, {"path", cfg_.export_hf}, {"export_s", export_s}});
-    console_.line("exported a Hugging Face GPT2LMHeadModel to " + cfg_.export_hf + " (" +
+    console_.line("exported a Hugging Face " + model_config_.hf_architecture() + " (" + cfg_.export_hf_dtype + ") to " +
+                  cfg_.export_hf + " (" +
                   std::to_string(export_s).substr(0, 5) + " s)");
   }
   RunTotals totals;
