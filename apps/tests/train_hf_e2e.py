@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """End-to-end tests of fsdp-train with Hugging Face models and the Llama family, run by ctest
-(apps/CMakeLists.txt) under mpirun; helpers shared with train_e2e.py.
+(apps/CMakeLists.txt) under mpirun; helpers in e2e_common.py.
 
   train_hf_e2e.py hf  --bin build/bin/fsdp-train --data-dir ./data
       --init-from-hf and --export-hf of a GPT2LMHeadModel against transformers (test_hf).
@@ -23,7 +23,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_e2e import TINY, check, error_line, events, launch, losses  # noqa: E402
+from e2e_common import TINY, check, error_line, events, launch, losses  # noqa: E402
 
 
 def test_hf(opts, tmp):

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "fsdp/checkpoint/checkpoint.h"
-#include "train/checkpointing.h"
+#include "train/progress.h"
 #include "train/train_config.h"
 
 namespace apps::train {

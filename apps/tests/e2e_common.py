@@ -1,0 +1,86 @@
+"""What the end-to-end tests of fsdp-train share (train_e2e.py, train_checkpoint_e2e.py,
+train_hf_e2e.py, train_inputs.py, train_files_e2e.py): the tiny run's flags, launching it under
+mpirun, reading its metrics, and the checks."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+TINY = ["--model", "nano", "--n-layer", "2", "--n-embd", "64", "--global-batch-size", "4",
+        "--seq-len", "32", "--eval-every", "0", "--eval-batches", "1", "--progress", "lines",
+        "--warmup-steps", "2"]
+
+
+def launch(args, n, opts, expect_ok=True):
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), opts.bin,
+           "--data-dir", opts.data_dir] + TINY + args
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    t0 = time.time()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                       timeout=300)
+    dt = time.time() - t0
+    if expect_ok and p.returncode != 0:
+        sys.stderr.write(p.stdout + p.stderr)
+        raise SystemExit("FAIL: exit %d: %s" % (p.returncode, " ".join(cmd)))
+    print("  n=%d %.1fs rc=%d: %s" % (n, dt, p.returncode, " ".join(args)), flush=True)
+    return p
+
+
+def events(path, kind):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [e for e in map(json.loads, f) if e.get("event") == kind]
+
+
+def losses(path):
+    return {e["step"]: e["loss"] for e in events(path, "step")}
+
+
+def error_line(p):
+    lines = [l for l in p.stderr.splitlines() if "fsdp-train: error:" in l]
+    return lines[0][:240] if lines else ""
+
+
+def max_rel(a, b, steps):
+    return max(abs(a[s] - b[s]) / abs(a[s]) for s in steps)
+
+
+def check(cond, msg):
+    if not cond:
+        raise SystemExit("FAIL: " + msg)
+    print("  ok: " + msg, flush=True)
+
+
+def write_manifest(path, man):
+    """Writes manifest dict `man` (without its seal) to path, sealed as a save does: the first
+    member "manifest_crc32" holds the CRC-32 of the rest ([Note: manifest seal], docs/checkpoints.md)."""
+    import zlib
+    body = json.dumps({k: v for k, v in man.items() if k != "manifest_crc32"}, indent=1)
+    with open(path, "w") as f:
+        f.write('{"manifest_crc32": "0x%08x",' % zlib.crc32(body.encode()) + body[1:])
+
+
+def run(args, n, opts, env=None):
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), opts.bin,
+           "--data-dir", opts.data_dir] + TINY + args
+    e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    t0 = time.time()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e,
+                       timeout=300)
+    print("  n=%d %.1fs rc=%d: %s" % (n, time.time() - t0, p.returncode, " ".join(args)), flush=True)
+    return p
+
+
+def expect_error(p, code, *needles):
+    """Exit `code`, exactly one error line containing every needle, no abort banner or backtrace."""
+    out = p.stdout + p.stderr
+    lines = [l for l in out.splitlines() if "error" in l.lower()]
+    ok = (p.returncode == code and len(lines) == 1 and all(n in lines[0] for n in needles) and
+          "MPI_ABORT" not in out and "Exception raised from" not in out and "frame #" not in out
+          and len(lines[0]) < 600)
+    if not ok:
+        sys.stderr.write(out[-3000:])
+    check(ok, "exit %d, one line with %s: %r" % (p.returncode, needles, lines[0][:300] if lines else ""))
