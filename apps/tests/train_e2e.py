@@ -34,6 +34,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_common import check, error_line, events, launch, losses, max_rel  # noqa: E402
+
+
 def test_parity(opts, tmp):
     runs, norms = {}, {}
     for n in (1, 2, 4):
@@ -53,10 +57,14 @@ def test_parity(opts, tmp):
         check(rel <= 1e-7, "N=1 vs N=%d: step-1 grad norm %.10g vs %.10g, rel diff %.3g <= 1e-7"
               % (n, norms[n][1], norms[1][1], rel))
     check(runs[1][20] < runs[1][1], "loss decreases (%.4f -> %.4f)" % (runs[1][1], runs[1][20]))
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import check, error_line, events, launch, losses, max_rel  # noqa: E402
-
+    # Exposed communication: the blocked waits of a step, by phase, are a part of the step.
+    parts = ("forward", "backward", "end_of_backward", "optimizer", "other")
+    for e in events(os.path.join(tmp, "p2.jsonl"), "step"):
+        x = e["comm"]["exposed_s"]
+        check(sorted(x) == sorted(parts + ("total",)) and abs(sum(x[p] for p in parts) - x["total"]) < 1e-9 and
+              0 <= x["total"] <= e["step_time_s"] and all(x[p] >= 0 for p in parts),
+              "N=2 step %d: exposed communication %.4f s of %.4f s (%s)" %
+              (e["step"], x["total"], e["step_time_s"], ", ".join("%s %.4f" % (p, x[p]) for p in parts)))
 
 def test_meta_init(opts, tmp):
     runs = [(2, s, mp) for s in ("full_shard", "no_shard") for mp in ("fp32", "bf16")]

@@ -129,6 +129,7 @@ std::string TraceRecorder::serialize() const {
   meta("process_name", 0, "rank " + std::to_string(rank_));
   meta("thread_name", 0, "compute");
   meta("thread_name", 1, "communication (one event per collective)");
+  meta("thread_name", 2, "compute waiting for a collective (exposed communication)");
   for (const auto& e : events_) all.push_back(e);
   return all.dump();
 }
@@ -220,6 +221,18 @@ void print_start(Console& console, const TrainConfig& c, const RunFacts& f,
                std::to_string(c.seq_len) + " tokens, " + std::to_string(f.accumulation_steps) +
                " micro-batch(es) of " + std::to_string(f.micro_batch_size) + " per rank; cpu: " +
                cpu.summary());
+}
+
+json exposed_delta(const std::array<double, fsdp::comm::kWaitPhaseCount>& before,
+                   const std::array<double, fsdp::comm::kWaitPhaseCount>& after) {
+  json j = json::object();
+  double total = 0.0;
+  for (int p = 0; p < fsdp::comm::kWaitPhaseCount; ++p) {
+    j[fsdp::comm::to_string(static_cast<fsdp::comm::WaitPhase>(p))] = after[p] - before[p];
+    total += after[p] - before[p];
+  }
+  j["total"] = total;
+  return j;
 }
 
 json comm_delta(const fsdp::comm::CommStats::Snapshot& before,
@@ -336,6 +349,8 @@ CollectiveTrace::CollectiveTrace(TraceRecorder& trace, fsdp::comm::ProcessGroupP
   if (trace_.enabled()) {
     group_->stats().set_record_events(true);
     group_->stats().take_events();  // drop the collectives of the set-up
+    fsdp::comm::set_record_wait_events(true);
+    fsdp::comm::take_wait_events();
   }
 }
 
@@ -344,6 +359,10 @@ void CollectiveTrace::flush() {
   for (const auto& e : group_->stats().take_events()) {
     trace_.add(fsdp::comm::to_string(e.kind), "comm", 1, (e.start_s - origin_s_) * 1e6,
                (e.end_s - e.start_s) * 1e6, {{"bytes", e.bytes}});
+  }
+  for (const auto& w : fsdp::comm::take_wait_events()) {
+    trace_.add(std::string("waiting (") + fsdp::comm::to_string(w.phase) + ")", "exposed", 2,
+               (w.start_s - origin_s_) * 1e6, (w.end_s - w.start_s) * 1e6);
   }
 }
 

@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -36,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/comm/exposed_wait.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/common/cpu_info.h"
 #include "train/train_config.h"
@@ -188,6 +190,12 @@ void print_start(Console& console, const TrainConfig& c, const RunFacts& f,
 /// inter_host_bytes summed over them (the host split of [Note: host traffic] in comm_stats.h).
 nlohmann::json comm_delta(const fsdp::comm::CommStats::Snapshot& before,
                           const fsdp::comm::CommStats::Snapshot& after);
+
+/// This rank's exposed communication between two fsdp::comm::exposed_wait_s() snapshots: seconds
+/// its threads were blocked waiting for a collective, by phase ({"forward", "backward",
+/// "end_of_backward", "optimizer", "other", "total"}; "exposed_s" of a step event's "comm").
+nlohmann::json exposed_delta(const std::array<double, fsdp::comm::kWaitPhaseCount>& before,
+                             const std::array<double, fsdp::comm::kWaitPhaseCount>& after);
 
 /// Model-state bytes of a step ("mem" of a step event): one rank's, or the MAX over ranks.
 struct StepMemory {

@@ -105,6 +105,7 @@ void Trainer::run() {
       }
     }
     const auto stats_after = group_->stats().snapshot();
+    const auto exposed_after = fsdp::comm::exposed_wait_s();
     r.mem.peak_bytes = fsdp::accounting::peak_bytes();
     train_seconds += r.step_time_s;
 
@@ -114,6 +115,7 @@ void Trainer::run() {
     last_loss = rec.totals.loss;
     if (step == start_step + 1) first_loss = last_loss;
     rec.comm = comm_delta(r.stats_before, stats_after);
+    rec.comm["exposed_s"] = exposed_delta(r.exposed_before, exposed_after);
     comm_trace.flush();
     rec.step = step;
     rec.total_steps = cfg_.steps;

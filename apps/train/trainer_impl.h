@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/optim/adamw.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -15,6 +16,7 @@
 
 #include "data/batch_sampler.h"
 #include "data/tokenizer.h"
+#include "fsdp/comm/exposed_wait.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/runtime/options.h"
 #include "models/model_config.h"
@@ -41,6 +43,7 @@ struct StepResult {
   double loss_scale = 1.0;  ///< the scale this step's backward used
   StepMemory mem;           ///< this rank's; peak_bytes filled by the caller
   fsdp::comm::CommStats::Snapshot stats_before;
+  std::array<double, fsdp::comm::kWaitPhaseCount> exposed_before{};  ///< fsdp::comm::exposed_wait_s()
   double step_time_s = 0.0;
 };
 

@@ -48,6 +48,7 @@ StepResult Trainer::train_step(const at::Tensor& batch, int64_t step) {
   const int64_t T = cfg_.seq_len, micro = batch_.micro, accum = batch_.accum;
   fsdp::accounting::reset_peak_bytes();
   r.stats_before = group_->stats().snapshot();
+  r.exposed_before = fsdp::comm::exposed_wait_s();
   const auto t0 = Clock::now();
   try {
   for (int64_t k = 0; k < accum; ++k) {

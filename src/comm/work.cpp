@@ -1,10 +1,21 @@
 #include "fsdp/comm/work.h"
 
+#include "fsdp/comm/comm_stats.h"
+#include "fsdp/comm/exposed_wait.h"
+
 namespace fsdp::comm {
 
 void Work::wait() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return done_; });
+  if (!done_) {  // blocking: communication the caller's compute did not hide (exposed_wait.h)
+    const double start_s = now_s();
+    cv_.wait(lock, [this] { return done_; });
+    const std::exception_ptr error = error_;
+    lock.unlock();
+    record_blocking_wait(start_s, now_s());
+    if (error) std::rethrow_exception(error);
+    return;
+  }
   if (error_) std::rethrow_exception(error_);
 }
 

@@ -241,6 +241,7 @@ void Scheduler::final_callback() {
   for (const auto& u : alive) {
     if (u->training_state() == TrainingState::kPreBackward) u->post_backward();
   }
+  exchange_activity(Activity{nullptr, "end of backward"});  // post_backward marked "backward"
   reduce_accumulated(alive);
   for (const auto& u : alive) u->finish_reduce_scatter();
   for (const auto& u : alive) u->end_of_backward();

@@ -9,6 +9,8 @@
 
 #include "../common/collective_cases.h"
 #include "../common/threaded.h"
+#include "fsdp/comm/exposed_wait.h"
+#include "fsdp/common/activity.h"
 
 TEST(ThreadedCollectives, ClosedFormAllOpsWorldSizes1To8) {
   for (int n = 1; n <= 8; ++n) {
@@ -134,4 +136,45 @@ TEST(ThreadedCollectives, AbandonedStepMetByACollectiveOfNoStepDivergesTheGroup)
     EXPECT_EQ(e.kind(), fsdp::ErrorKind::kMismatch);
     EXPECT_NE(std::string(e.what()).find("refuses every collective: ranks left a step"), std::string::npos) << e.what();
   });
+}
+
+// Exposed communication: a wait that blocks is counted in the waiting thread's phase, for at least
+// as long as the late peer kept it waiting; a wait on a finished op counts nothing.
+TEST(ThreadedCollectives, BlockingWaitsAreCountedAsExposedInTheirPhase) {
+  using fsdp::comm::WaitPhase;
+  EXPECT_EQ(fsdp::comm::wait_phase_of("forward"), WaitPhase::kForward);
+  EXPECT_EQ(fsdp::comm::wait_phase_of("forward (checkpointed)"), WaitPhase::kForward);
+  EXPECT_EQ(fsdp::comm::wait_phase_of("backward (recompute)"), WaitPhase::kBackward);
+  EXPECT_EQ(fsdp::comm::wait_phase_of("post-backward"), WaitPhase::kBackward);
+  EXPECT_EQ(fsdp::comm::wait_phase_of("end of backward"), WaitPhase::kEndOfBackward);
+  EXPECT_EQ(fsdp::comm::wait_phase_of("optimizer step"), WaitPhase::kOptimizer);
+  EXPECT_EQ(fsdp::comm::wait_phase_of("loss"), WaitPhase::kOther);
+  EXPECT_EQ(fsdp::comm::wait_phase_of(nullptr), WaitPhase::kOther);
+  static constexpr double kLateS = 0.2;
+  const auto before = fsdp::comm::exposed_wait_s();
+  fsdp::comm::set_record_wait_events(true);
+  fsdp::comm::take_wait_events();
+  fsdp_test::run_threaded(2, [](int rank, fsdp::comm::ProcessGroupPtr g) {
+    at::Tensor t = at::ones({4});
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(kLateS));
+      g->all_reduce(t)->wait();
+      return;
+    }
+    const fsdp::ActivityScope phase(nullptr, "optimizer step");
+    auto work = g->all_reduce(t);
+    work->wait();  // blocks until rank 1 arrives
+    work->wait();  // finished: nothing more
+  });
+  const auto after = fsdp::comm::exposed_wait_s();
+  const auto events = fsdp::comm::take_wait_events();
+  fsdp::comm::set_record_wait_events(false);
+  const int opt = static_cast<int>(WaitPhase::kOptimizer);
+  EXPECT_GE(after[opt] - before[opt], 0.9 * kLateS);
+  double optimizer_event_s = 0.0;
+  for (const auto& e : events) {
+    EXPECT_LE(e.start_s, e.end_s);
+    if (e.phase == WaitPhase::kOptimizer) optimizer_event_s += e.end_s - e.start_s;
+  }
+  EXPECT_NEAR(optimizer_event_s, after[opt] - before[opt], 1e-9);
 }

@@ -18,7 +18,8 @@ class Work {
   Work& operator=(const Work&) = delete;
 
   /// Blocks until the op has finished on this rank; rethrows the op's error (fsdp::Error) if it
-  /// failed. May be called more than once; each call rethrows the same error.
+  /// failed. May be called more than once; each call rethrows the same error. A wait that blocks
+  /// is counted as exposed communication of the calling thread's phase (exposed_wait.h).
   void wait();
 
   /// Non-blocking: true once the op has finished (successfully or not).
