@@ -11,13 +11,16 @@ AdamW, grad clip 1.0, 1 intra-op thread per rank):
                     the engine rejects it)
   fsdp2             torchrun peer_train.py --impl fsdp2  (fully_shard per Block + root)
   ddp               torchrun peer_train.py --impl ddp
-  (--peers fsdp2,ddp,zero adds ZeroRedundancyOptimizer; --ours full_shard,full_shard@yield adds a run
-   of fsdp-train under Open MPI's --mca mpi_yield_when_idle 1)
+  (--peers fsdp2,ddp,zero adds ZeroRedundancyOptimizer; --peers ...,deepspeed adds DeepSpeed ZeRO
+   stages 1, 2 and 3 (ds1, ds2, ds3; each can be named alone), installed by bench/setup.sh;
+   --ours full_shard,full_shard@yield adds a run of fsdp-train under Open MPI's --mca
+   mpi_yield_when_idle 1)
 
 --mixed-precision bf16 (default fp32) runs fsdp-train --mixed-precision bf16 (bf16 unsharded params,
 all-gathers and gradient reduction, fp32 master weights and AdamW state) against the matching
 PyTorch policy: FSDP2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, root
-output_dtype=fp32), DDP and ZeRO under torch.autocast("cpu", dtype=torch.bfloat16).
+output_dtype=fp32), DDP and ZeRO under torch.autocast("cpu", dtype=torch.bfloat16), DeepSpeed in its
+bf16 mode (bf16 params and gradients, fp32 master weights and Adam state).
 
 Method: for each (preset, N) the implementations run back to back; each repetition reverses the
 order of the previous one (A B C D, D C B A, ...), so slow drifts of the shared machine hit all
@@ -75,7 +78,7 @@ class Runner:
     def __init__(self, a):
         self.a = a
         self.env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads),
-                        PYTHONUNBUFFERED="1")
+                        PYTHONUNBUFFERED="1", DS_ACCELERATOR="cpu")
         self.env.pop("TORCHELASTIC_ERROR_FILE", None)
 
     def common(self, preset, n):
@@ -163,6 +166,35 @@ def cpu_name():
     return f"{model} ({isa}; {', '.join(units) if units else 'no bf16/fp16 units'})"
 
 
+def bar_chart(rows, impls, path, title):
+    """Tokens/s of every implementation, grouped by (preset, N), as a PNG; what was written (or why not)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no bar chart: matplotlib is not installed (bench/setup.sh)"
+    groups = sorted({(r["preset"], r["n"]) for r in rows}, key=lambda g: (g[0], g[1]))
+    if not groups:
+        return "no bar chart: no run succeeded"
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups) * len(impls) / 3), 4.5))
+    width = 0.8 / len(impls)
+    for i, impl in enumerate(impls):
+        vals = [next((r["tokens_per_s"] for r in rows if (r["preset"], r["n"]) == g and r["impl"] == impl), 0)
+                for g in groups]
+        xs = [k - 0.4 + width * (i + 0.5) for k in range(len(groups))]
+        ax.bar(xs, vals, width, label=impl)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([f"{p} N={n}" for p, n in groups])
+    ax.set_ylabel("tokens / s (median step)")
+    ax.set_title(title.split(";")[0], fontsize=8)
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return "wrote " + path
+
+
 def fmt_mib(b):
     return "-" if not b else f"{b / 2**20:.1f}"
 
@@ -180,7 +212,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     ap.add_argument("--mixed-precision", choices=["fp32", "bf16"], default="fp32",
                     help="precision of every implementation (see above)")
-    ap.add_argument("--peers", default="fsdp2,ddp", help="peer impls: fsdp2,ddp,zero")
+    ap.add_argument("--peers", default="fsdp2,ddp", help="peer impls: fsdp2,ddp,zero,deepspeed (= ds1,ds2,ds3)")
     ap.add_argument("--ours", default="full_shard,no_shard",
                     help="fsdp-train strategies; STRATEGY@yield adds --mca mpi_yield_when_idle 1")
     ap.add_argument("--binary", default=os.path.join(ROOT, "build-bench", "bin", "fsdp-train"))
@@ -223,7 +255,15 @@ def main():
             msg = next((l for l in p.stdout.splitlines() if "error" in l), p.stdout.strip()[-300:])
             notes.append(f"`--strategy {s}` skipped: fsdp-train exited {p.returncode}: {msg.strip()}")
             log(notes[-1])
-    impls = ours + [x for x in a.peers.split(",") if x]
+    peer_list = []
+    for x in a.peers.split(","):
+        peer_list += ["ds1", "ds2", "ds3"] if x == "deepspeed" else ([x] if x else [])
+    if any(p.startswith("ds") for p in peer_list):
+        try:
+            import deepspeed  # noqa: F401
+        except ImportError:
+            sys.exit("--peers with DeepSpeed: not installed (run bench/setup.sh)")
+    impls = ours + peer_list
     log(f"impls {impls}, presets {a.presets}, N {ranks}, reps {a.reps}, steps {a.steps} "
         f"(first {a.warmup} dropped), G={a.global_batch_size}, T={a.seq_len}, threads/rank {a.threads}")
 
@@ -299,6 +339,9 @@ def main():
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump({"config": vars(a), "notes": notes, "rows": summary, "total_s": total}, f, indent=1)
     log(f"wrote {a.out}/table.md and summary.json")
+    chart = bar_chart(summary, impls, os.path.join(a.out, "table.png"), cfg)
+    if chart:
+        log(chart)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,16 @@
          dim-0 sharding, DTensor). The root unit owns wte (tied head), wpe and ln_f, as in fsdp-train.
   ddp    DistributedDataParallel (all-reduce of gradients, default 25 MiB buckets).
   zero   DistributedDataParallel + ZeroRedundancyOptimizer(AdamW) (ZeRO-1: Adam state sharded).
+  ds1, ds2, ds3  DeepSpeed ZeRO stage 1, 2, 3 (deepspeed.initialize with torch.optim.AdamW over the
+         same param groups, gradient_clipping, gradient_accumulation_steps = G/(N*m); run with
+         DS_ACCELERATOR=cpu; bench/setup.sh installs DeepSpeed with DS_BUILD_OPS=0).
 Backend: gloo (CPU).
 --mixed-precision bf16 matches fsdp-train --mixed-precision bf16: fsdp2 gets
   MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16) on every unit and output_dtype=fp32 on
   the root (fsdp-train's root returns fp32 logits); ddp and zero run forward and loss under
-  torch.autocast("cpu", dtype=torch.bfloat16) (bf16 matmuls, fp32 params, grads and all-reduce).
+  torch.autocast("cpu", dtype=torch.bfloat16) (bf16 matmuls, fp32 params, grads and all-reduce);
+  DeepSpeed gets its own bf16 mode ({"bf16": {"enabled": true}}: bf16 params and gradients, fp32
+  master weights and AdamW state in its optimizer), the closest to fsdp-train's policy.
   Master weights and AdamW state stay fp32 everywhere. Default fp32.
 
 Step = what fsdp-train times (apps/train/main.cpp): for each of the G/(N*m) micro-batches a forward,
@@ -77,7 +82,7 @@ def local_bytes(t: torch.Tensor) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--impl", choices=["fsdp2", "ddp", "zero"], required=True)
+    ap.add_argument("--impl", choices=["fsdp2", "ddp", "zero", "ds1", "ds2", "ds3"], required=True)
     ap.add_argument("--model", default="nano")
     ap.add_argument("--vocab-size", type=int, default=8192)
     ap.add_argument("--global-batch-size", type=int, default=32)
@@ -143,6 +148,15 @@ def main() -> int:
         train_model = model
         opt = torch.optim.AdamW(groups(model.named_parameters()), **adam_kw)
         state_owner = opt
+    elif a.impl.startswith("ds"):
+        import deepspeed
+        ds_config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum,
+                     "gradient_clipping": a.grad_clip, "zero_optimization": {"stage": int(a.impl[2])},
+                     "bf16": {"enabled": bf16}, "steps_per_print": 10 ** 9, "wall_clock_breakdown": False}
+        train_model, opt, _, _ = deepspeed.initialize(
+            model=model, optimizer=torch.optim.AdamW(groups(model.named_parameters()), **adam_kw),
+            config=ds_config)
+        state_owner = None  # DeepSpeed keeps its fp32 partitions and Adam state to itself
     else:
         from torch.nn.parallel import DistributedDataParallel as DDP
         train_model = DDP(model)
@@ -163,6 +177,8 @@ def main() -> int:
         return _Null()
 
     def sync_ctx(last: bool):
+        if a.impl.startswith("ds"):  # the engine accumulates and reduces at its boundary itself
+            return _Null()
         if a.impl == "fsdp2":
             train_model.set_requires_gradient_sync(last)
             return _Null()
@@ -203,22 +219,32 @@ def main() -> int:
         local_loss = 0.0
         for k in range(accum):
             mb = batch[k * micro:(k + 1) * micro]
+            if a.impl.startswith("ds"):  # backward scales by 1/accum; step() acts at the boundary
+                loss = gpt_loss(train_model(mb[:, :T]).float(), mb[:, 1:])
+                train_model.backward(loss)
+                train_model.step()
+                local_loss += loss.item() / accum
+                continue
             with sync_ctx(k == accum - 1):
                 with autocast():
                     logits = train_model(mb[:, :T])
                     loss = gpt_loss(logits.float(), mb[:, 1:])
                 (loss / accum).backward()
             local_loss += loss.item() / accum
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        grad_norm = float(grad_norm)
-        opt.step()
-        pbytes = sum(local_bytes(p) for p in model.parameters())
-        gbytes = sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
-        obytes = sum(local_bytes(v) for st in state_owner.state.values() for v in st.values()
-                     if torch.is_tensor(v))
-        opt.zero_grad(set_to_none=True)
+        if a.impl.startswith("ds"):
+            grad_norm = float(train_model.get_global_grad_norm() or 0.0)
+            pbytes = gbytes = obytes = 0  # not exposed by the engine: the table shows "-"
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            grad_norm = float(grad_norm)
+            opt.step()
+            pbytes = sum(local_bytes(p) for p in model.parameters())
+            gbytes = sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
+            obytes = sum(local_bytes(v) for st in state_owner.state.values() for v in st.values()
+                         if torch.is_tensor(v))
+            opt.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
         train_s += dt
 
