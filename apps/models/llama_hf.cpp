@@ -28,7 +28,9 @@ LlamaConfig llama_config_from_hf(const json& c) {
     refuse("num_attention_heads", c["num_attention_heads"], "a divisor of hidden_size giving heads of even size");
   }
   if (l.n_head % l.n_kv_head != 0) refuse("num_key_value_heads", c["num_key_value_heads"], "a divisor of num_attention_heads");
-  expect_value(c, "hidden_act", "silu", "silu");
+  if (c.contains("hidden_act") && c["hidden_act"] != "silu" && c["hidden_act"] != "swish") {
+    refuse("hidden_act", c["hidden_act"], "silu (or its other name, swish)");
+  }
   if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) refuse("rope_scaling", c["rope_scaling"], "null");
   expect_value(c, "attention_bias", false, "false");
   expect_value(c, "mlp_bias", false, "false");

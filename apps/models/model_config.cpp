@@ -92,7 +92,8 @@ ModelConfig model_config_from_hf(const nlohmann::json& config) {
 
 nlohmann::json model_config_to_hf(const ModelConfig& cfg, const std::string& dtype_name) {
   nlohmann::json j = cfg.is_llama() ? llama_config_to_hf(cfg.llama()) : gpt_config_to_hf(cfg.gpt());
-  j["torch_dtype"] = dtype_name;
+  j["torch_dtype"] = dtype_name;  // the key transformers before 4.56 reads
+  j["dtype"] = dtype_name;        // and the one it reads since
   return j;
 }
 

@@ -178,10 +178,10 @@ def test_llama(opts, tmp):
     rel = max(abs(b[s] - c[s]) / abs(b[s]) for s in b)
     check(rel <= 1e-6, "N=2 --meta-init --activation-checkpointing hybrid_shard: the same losses (%.1e)" % rel)
 
-    # --tokenizer: the file decides, not --vocab-size (spm_512.model does not exist).
+    # --tokenizer: the file gives the vocabulary (--vocab-size beside it is refused below).
     mt = os.path.join(tmp, "tok.jsonl")
-    run_llama(opts, ["--steps", "1", "--metrics", mt, "--tokenizer", os.path.join(opts.data_dir, "spm_8192.model"),
-                     "--vocab-size", "512"], 1)
+    spm = os.path.join(opts.data_dir, "spm_8192.model")
+    run_llama(opts, ["--steps", "1", "--metrics", mt, "--tokenizer", spm], 1)
     cfg = events(mt, "config")[0]
     check(cfg["vocab_size"] == 8192 and cfg["tokenizer"].endswith("spm_8192.model"),
           "--tokenizer FILE: the model's vocabulary is the file's (%d)" % cfg["vocab_size"])
@@ -190,7 +190,8 @@ def test_llama(opts, tmp):
                                  (["--model", "nano", "--n-kv-head", "2"], "--n-kv-head", "Llama", 1),
                                  (["--tokenizer", os.path.join(tmp, "none.model")], "--tokenizer", "no file", 1),
                                  (["--data-dtype", "uint32"], "--data-dtype", "pre-tokenized", 1),
-                                 (["--export-hf-dtype", "bf16"], "--export-hf-dtype", "--export-hf", 1)):
+                                 (["--export-hf-dtype", "bf16"], "--export-hf-dtype", "--export-hf", 1),
+                                 (["--tokenizer", spm, "--vocab-size", "512"], "--vocab-size", "--tokenizer", 1)):
         p = run_llama(opts, ["--steps", "1"] + args, n, expect_ok=False)
         line = error_line(p) or p.stderr.strip().splitlines()[-1][:240]
         check(p.returncode == 2 and flag in line and words in line and "Traceback" not in p.stderr,
@@ -248,6 +249,47 @@ def test_llama(opts, tmp):
     with torch.no_grad():
         moved = (back(x).logits - ref(x).logits).abs().max().item()
     check(moved > 1e-4, "the tuned export loads with from_pretrained and its logits moved (%.2e)" % moved)
+    with open(os.path.join(tuned, "config.json")) as f:
+        conf = json.load(f)
+    check(conf.get("bos_token_id") == ref.config.bos_token_id and conf.get("dtype") == "float32",
+          "the export's config.json keeps the source's other fields (bos_token_id %s) and says dtype %s" %
+          (conf.get("bos_token_id"), conf.get("dtype")))
+
+    # Resuming a fine-tune: the same --init-from-hf gives the config, the checkpoint the weights; a
+    # preset of other settings (llama-tiny's rms_norm_eps 1e-5, not the source's 1e-6) is refused.
+    ck, mr = os.path.join(tmp, "llama-ck"), os.path.join(tmp, "llama-resumed.jsonl")
+    run_llama(opts, ["--steps", "2", "--init-from-hf", hf, "--save", ck], 2, shape=False)
+    run_llama(opts, ["--steps", "3", "--init-from-hf", hf, "--resume", ck, "--metrics", mr], 2, shape=False)
+    check([e["step"] for e in events(mr, "step")] == [3], "--init-from-hf with --resume trains on from step 3")
+    p = run_llama(opts, ["--steps", "3", "--resume", ck, "--block-size", "64"], 2, expect_ok=False)
+    check(p.returncode == 2 and "norm_eps" in error_line(p) and "--init-from-hf" in error_line(p),
+          "the checkpoint resumed as llama-tiny (another norm epsilon): exit %d, %r" % (p.returncode, error_line(p)))
+
+    # An export into the folder of a split checkpoint replaces it whole; a folder holding both forms
+    # is refused; ranks reading different copies at the same path are refused.
+    again = os.path.join(tmp, "llama-again")
+    shutil.copytree(hf, again)
+    run_llama(opts, shapeless + ["--export-hf", again], 2, shape=False)
+    left = sorted(f for f in os.listdir(again) if "safetensors" in f)
+    check(left == ["model.safetensors"], "an export over a split checkpoint leaves one model: %s" % left)
+    run_llama(opts, shapeless + ["--export-hf", os.path.join(tmp, "llama-again2")] + ["--init-from-hf", again], 2,
+              shape=False)
+    shutil.copy(os.path.join(hf, "model.safetensors.index.json"), again)
+    p = run_llama(opts, shapeless + ["--init-from-hf", again], 2, expect_ok=False, shape=False)
+    line = next((l for l in p.stderr.splitlines() if "fsdp-train: error:" in l), "")
+    check(p.returncode == 1 and "holds both model.safetensors and model.safetensors.index.json" in line,
+          "a folder of both forms: exit %d, %r" % (p.returncode, line[-200:]))
+    host_a, host_b = os.path.join(tmp, "host-a"), os.path.join(tmp, "host-b")
+    shutil.copytree(os.path.join(tmp, "llama-same"), os.path.join(host_a, "m"))
+    shutil.copytree(tuned, os.path.join(host_b, "m"))
+    side = [os.path.abspath(opts.bin), "--data-dir", os.path.abspath(opts.data_dir)] + TINY[6:] + ["--steps", "1", "--init-from-hf", "m"]
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "1", "-wdir", host_a] + side + \
+          [":", "-n", "1", "-wdir", host_b] + side
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    line = next((l for l in p.stderr.splitlines() if "fsdp-train: error:" in l), "")
+    check(p.returncode == 1 and "the ranks read different files" in line and "rank(s) 1" in line,
+          "ranks given different copies at one path: exit %d, %r %s" % (p.returncode, line[-260:], p.stderr[-1500:] if not line else ""))
 
     # Ids past uint16: a vocabulary of 70000, uint32 .bin files.
     ids = os.path.join(tmp, "ids32")
@@ -261,6 +303,13 @@ def test_llama(opts, tmp):
     loss = events(m32, "step")[0]["loss"]
     check(abs(loss - math.log(70000)) < 0.1, "uint32 ids of a 70000-token vocabulary: step-1 loss %.3f, ln 70000 = %.3f" %
           (loss, math.log(70000)))
+    small = os.path.join(tmp, "ids32-small")
+    os.makedirs(small)
+    for name, count in (("train.bin", 20000), ("val.bin", 2000)):
+        torch.randint(1, 8192, (count,), generator=g).numpy().astype("<u4").tofile(os.path.join(small, name))
+    p = run_llama(opts, ["--steps", "1", "--data", small], 1, expect_ok=False)
+    check(p.returncode == 2 and "--data-dtype uint32" in error_line(p),
+          "uint32 ids read as uint16: exit %d, %r" % (p.returncode, error_line(p)))
 
 
 def main():

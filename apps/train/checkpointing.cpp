@@ -3,6 +3,9 @@
 
 #include <ATen/ops/tensor.h>
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <vector>
 
 #include <csignal>
@@ -57,11 +60,19 @@ void maybe_stall(const char* phase, int rank) {
   if (std::string(which) == phase && victim == rank) std::raise(SIGSTOP);
 }
 
+// [Note: checkpoint contents] The model's settings that no parameter shape shows, recorded in the
+// TrainState's doubles so that a resume with another (a Llama from --init-from-hf resumed as a
+// preset of another rope_theta) is refused instead of training another function.
+std::map<std::string, double> model_settings(const models::ModelConfig& m) {
+  if (m.is_llama()) return {{"model.norm_eps", m.llama().rms_eps}, {"model.rope_theta", m.llama().rope_theta}};
+  return {{"model.norm_eps", m.gpt().layer_norm_eps}};
+}
+
 }  // namespace
 
-Resumed resume(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& model,
-               torch::optim::Optimizer& optimizer, LossScaling& loss_scaling,
-               const fsdp::comm::ProcessGroupPtr& group) {
+Resumed resume(const TrainConfig& c, const models::ModelConfig& model_config,
+               const std::shared_ptr<torch::nn::Module>& model, torch::optim::Optimizer& optimizer,
+               LossScaling& loss_scaling, const fsdp::comm::ProcessGroupPtr& group) {
   Resumed r;
   if (c.resume.empty()) {
     if (!c.import_optimizer_path.empty()) {
@@ -88,6 +99,14 @@ Resumed resume(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& m
     return fsdp::checkpoint::load_sharded(path, model, &optimizer, &st, group);
   });
   r.load_s = seconds_since(t0);
+  for (const auto& [key, value] : model_settings(model_config)) {
+    const auto it = st.doubles.find(key);
+    if (it != st.doubles.end() && it->second != value) {
+      throw UsageError(what + ": the checkpoint's model has " + key.substr(6) + " " + std::to_string(it->second) +
+                       ", this run's " + std::to_string(value) + " (resume a fine-tune with the same --init-from-hf "
+                       "directory, which gives the model its config)");
+    }
+  }
   r.progress = validated_progress(c, r.path, st, optimizer, model);
   check_resumed_optimizer_options(c, r.path, optimizer);
   if (auto it = st.tensors.find("rng"); it != st.tensors.end()) {
@@ -97,10 +116,11 @@ Resumed resume(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& m
   return r;
 }
 
-Saved save(const TrainConfig& c, const TrainProgress& progress,
+Saved save(const TrainConfig& c, const TrainProgress& progress, const models::ModelConfig& model_config,
            const std::shared_ptr<torch::nn::Module>& model, torch::optim::Optimizer& optimizer,
            const LossScaling& loss_scaling, const fsdp::comm::ProcessGroupPtr& group) {
   fsdp::checkpoint::TrainState st;
+  for (const auto& [key, value] : model_settings(model_config)) st.doubles[key] = value;
   st.ints["step"] = progress.step;
   st.ints["lr_step"] = progress.lr_step;
   if (progress.optimizer_step_offset > 0) st.ints["optimizer_step_offset"] = progress.optimizer_step_offset;
@@ -129,7 +149,7 @@ double import_weights(const TrainConfig& c, const std::shared_ptr<torch::nn::Mod
 
 double import_hf_weights(const TrainConfig& c, const models::ModelConfig& model_config,
                          const std::shared_ptr<torch::nn::Module>& model, const fsdp::comm::ProcessGroupPtr& group) {
-  if (c.init_from_hf.empty()) return 0.0;
+  if (c.init_from_hf.empty() || !c.resume.empty()) return 0.0;  // resuming: the checkpoint holds the weights
   const auto t0 = Clock::now();
   checkpoint_call("--init-from-hf " + c.init_from_hf, [&] {
     fsdp::checkpoint::import_safetensors(c.init_from_hf, model, group, models::hf_import_options(model_config));
@@ -146,7 +166,16 @@ double export_hf_weights(const TrainConfig& c, const models::ModelConfig& model_
     const bool bf16 = c.export_hf_dtype == "bf16";
     if (bf16) o.dtype = at::kBFloat16;
     o.max_file_bytes = kHfMaxFileBytes;
-    o.extra_files["config.json"] = models::model_config_to_hf(model_config, bf16 ? "bfloat16" : "float32").dump(2) + "\n";
+    nlohmann::json config = models::model_config_to_hf(model_config, bf16 ? "bfloat16" : "float32");
+    if (!c.init_from_hf.empty()) {  // the source's other fields (token ids, dropout, ...) stay as they were
+      std::ifstream in((std::filesystem::path(c.init_from_hf) / "config.json").string());
+      nlohmann::json source = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (source.is_object()) {
+        source.update(config);
+        config = source;
+      }
+    }
+    o.extra_files["config.json"] = config.dump(2) + "\n";
     fsdp::checkpoint::export_safetensors(c.export_hf, model, group, o);
   });
   return seconds_since(t0);

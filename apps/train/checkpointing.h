@@ -7,7 +7,8 @@
 // (exp_avg, exp_avg_sq, step) and a TrainState with ints "step" (optimizer steps done), "lr_step"
 // (schedule position), "sampler_pos" (sequences consumed: the next global batch is
 // sampler_pos / --global-batch-size), the tensor "rng" (CPU generator state) and, for fp16, the
-// double "grad_scale" and the int "growth_tracker" (LossScaling::save_state). A run resumed at
+// double "grad_scale" and the int "growth_tracker" (LossScaling::save_state), and the model's
+// settings no parameter shape shows: doubles "model.norm_eps" and, for Llama, "model.rope_theta". A run resumed at
 // the same world size repeats the uninterrupted run's losses bit for bit (fp32); at another world
 // size the global batches are the same and only reduction order differs.
 #pragma once
@@ -43,10 +44,11 @@ struct Resumed {
 /// zero. Call it right after building the optimizer (after --import). Collective and blocking over
 /// group. Throws CheckpointError when the checkpoint or the optimizer file cannot be loaded
 /// (missing, incomplete, corrupt, another model or optimizer) or its TrainState is not consistent
-/// (resume_checks.h), and UsageError when the checkpoint was written with another --global-batch-size.
-Resumed resume(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& model,
-               torch::optim::Optimizer& optimizer, LossScaling& loss_scaling,
-               const fsdp::comm::ProcessGroupPtr& group);
+/// (resume_checks.h), and UsageError when the checkpoint was written with another --global-batch-size
+/// or for a model of other settings than model_config (its norm epsilon, Llama's rope_theta).
+Resumed resume(const TrainConfig& c, const models::ModelConfig& model_config,
+               const std::shared_ptr<torch::nn::Module>& model, torch::optim::Optimizer& optimizer,
+               LossScaling& loss_scaling, const fsdp::comm::ProcessGroupPtr& group);
 
 /// A checkpoint written by save().
 struct Saved {
@@ -54,10 +56,10 @@ struct Saved {
   double save_s = 0.0;  ///< seconds of fsdp::checkpoint::save_sharded
 };
 
-/// Writes the checkpoint of `progress` into --save DIR (keeping the newest --keep). Collective
-/// and blocking over group, after the optimizer step. Throws CheckpointError when the write fails
-/// (the previous checkpoint stays valid).
-Saved save(const TrainConfig& c, const TrainProgress& progress,
+/// Writes the checkpoint of `progress` and model_config's settings into --save DIR (keeping the
+/// newest --keep). Collective and blocking over group, after the optimizer step. Throws
+/// CheckpointError when the write fails (the previous checkpoint stays valid).
+Saved save(const TrainConfig& c, const TrainProgress& progress, const models::ModelConfig& model_config,
            const std::shared_ptr<torch::nn::Module>& model, torch::optim::Optimizer& optimizer,
            const LossScaling& loss_scaling, const fsdp::comm::ProcessGroupPtr& group);
 
@@ -70,7 +72,8 @@ double import_weights(const TrainConfig& c, const std::shared_ptr<torch::nn::Mod
 
 /// --init-from-hf: the Hugging Face directory's weights straight into the shards
 /// (fsdp::checkpoint::import_safetensors with the family's models::hf_import_options); seconds
-/// taken, 0 without the flag. The model was built from its config.json (resolve_model: model_config).
+/// taken, 0 without the flag or with --resume (the checkpoint holds the weights; the directory
+/// gives the model's config). The model was built from its config.json (resolve_model: model_config).
 /// Collective; throws as import_weights does.
 double import_hf_weights(const TrainConfig& c, const models::ModelConfig& model_config,
                          const std::shared_ptr<torch::nn::Module>& model, const fsdp::comm::ProcessGroupPtr& group);

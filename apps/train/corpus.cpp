@@ -1,6 +1,8 @@
 // Corpus loading (corpus.h): the folder or file --data names, tokenized by rank 0 first.
 #include "train/corpus.h"
 
+#include <algorithm>
+
 #include <sys/stat.h>
 
 #include <cstring>
@@ -48,6 +50,18 @@ data::TokenDataset read_ids(const std::string& path, const std::string& dtype, i
                        " (ids of another tokenizer, or another --data-dtype?)");
     }
     ids[i] = static_cast<int32_t>(id);
+  }
+  // uint32 ids read as uint16 (no --data-dtype uint32): every other id is the high half, 0.
+  if (width == 2 && ids.size() >= 64) {
+    bool odd_zero = true, even_nonzero = false;
+    for (size_t i = 0; i < std::min<size_t>(ids.size(), 4096); ++i) {
+      if (i % 2 == 1 && ids[i] != 0) odd_zero = false;
+      if (i % 2 == 0 && ids[i] != 0) even_nonzero = true;
+    }
+    if (odd_zero && even_nonzero) {
+      throw UsageError("--data: '" + path + "' read as uint16 has 0 at every odd position: uint32 ids? "
+                       "(give --data-dtype uint32)");
+    }
   }
   return data::TokenDataset(std::move(ids));
 }

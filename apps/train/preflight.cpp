@@ -132,8 +132,11 @@ std::string local_problem(const TrainConfig& c, const PreflightFacts& f, int ran
   if (why.empty() && !c.export_path.empty()) why = check_file_target("--export", c.export_path, rank, f.export_bytes);
   if (why.empty() && !c.export_hf.empty()) {
     std::error_code ec;
-    fs::create_directories(c.export_hf, ec);  // as --save's directory; a failure is named below
-    why = check_file_target("--export-hf", (fs::path(c.export_hf) / "model.safetensors").string(), rank, f.export_bytes);
+    fs::create_directories(c.export_hf, ec);  // as --save's directory
+    if (ec && !fs::is_directory(c.export_hf)) {
+      why = "--export-hf '" + c.export_hf + "': cannot create the directory: " + ec.message();
+    }
+    if (why.empty()) why = check_file_target("--export-hf", (fs::path(c.export_hf) / "model.safetensors").string(), rank, f.export_bytes);
   }
   if (why.empty() && !c.metrics.empty()) why = check_file_target("--metrics", c.metrics, rank, 0);
   if (why.empty() && !c.trace.empty()) why = check_file_target("--trace", c.trace, rank, 0);

@@ -155,7 +155,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       ->check(int_in(1, 1 << 24))->group("Optimisation");
   app.add_option("--steps", c.steps, "Optimizer steps")->check(int_in(1, kMaxSize))->group("Optimisation");
   app.add_option("--lr", c.lr, "Peak learning rate (AdamW)")->check(real_in(0, 1e3, /*lo_open=*/true))->group("Optimisation");
-  app.add_option("--min-lr", c.min_lr, "Learning rate at the end of the cosine decay")
+  app.add_option("--min-lr", c.min_lr, "Learning rate at the end of the cosine decay (default: --lr / 10)")
       ->check(real_in(0, 1e3))->group("Optimisation");
   app.add_option("--warmup-steps", c.warmup_steps,
                  "Steps of linear warmup from lr/warmup to lr, then cosine decay to --min-lr")
@@ -282,7 +282,12 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
     app.parse(static_cast<int>(ptrs.size()), ptrs.data());
     c.vocab_size_given = app.count("--vocab-size") > 0;
     c.model_given = app.count("--model") > 0;
+    if (app.count("--min-lr") == 0) c.min_lr = c.lr / 10;
     if (c.min_lr > c.lr) throw CLI::ValidationError("--min-lr", "must not exceed --lr");
+    if (!c.tokenizer.empty() && c.vocab_size_given) {
+      throw CLI::ValidationError("--vocab-size", "cannot be combined with --tokenizer (the tokenizer file gives the "
+                                                 "vocabulary)");
+    }
     if (!c.memory_budget.empty()) {
       try {
         c.memory_budget_bytes = fsdp::accounting::parse_bytes(c.memory_budget);
@@ -335,7 +340,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
     }
     if (!c.init_from_hf.empty()) {
       const std::pair<const char*, bool> conflicting[] = {
-          {"--import", !c.import_path.empty()}, {"--resume", !c.resume.empty()},
+          {"--import", !c.import_path.empty()}, {"--vocab-size", c.vocab_size_given},
           {"--model", c.model_given}, {"--n-layer", c.n_layer > 0}, {"--n-head", c.n_head > 0},
           {"--n-embd", c.n_embd > 0}, {"--block-size", c.block_size > 0}, {"--n-kv-head", c.n_kv_head > 0},
           {"--ffn-hidden", c.ffn_hidden > 0}};

@@ -64,7 +64,7 @@ struct TrainConfig {
   int64_t seq_len = 128;           ///< tokens per sequence
   int64_t steps = 200;
   double lr = 3e-3;
-  double min_lr = 3e-4;
+  double min_lr = 3e-4;  ///< unset on the command line and in --config: lr / 10
   int64_t warmup_steps = 20;
   double weight_decay = 0.1;
   double beta1 = 0.9;

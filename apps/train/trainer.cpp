@@ -44,7 +44,7 @@ void Trainer::eval_now(int64_t step) {
 void Trainer::save_now() {
   const double t0_us = trace_.now_us();
   const fsdp::ActivityScope activity(nullptr, "checkpoint save");
-  const Saved saved = save(cfg_, progress_, model_, *optimizer_, loss_scaling_, group_);
+  const Saved saved = save(cfg_, progress_, model_config_, model_, *optimizer_, loss_scaling_, group_);
   trace_.add("checkpoint save", "compute", 0, t0_us, trace_.now_us() - t0_us);
   metrics_->write({{"event", "checkpoint"}, {"step", progress_.step}, {"path", saved.path},
                    {"save_s", saved.save_s}});

@@ -114,7 +114,7 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   if (cfg_.meta_init && cfg_.init_from_hf.empty()) fsdp::materialize(model_, models::model_init(mcfg));
   facts_.import_s = import_weights(cfg_, model_, group_) + import_hf_weights(cfg_, mcfg, model_, group_);
   optimizer_ = make_optimizer(model_, mcfg, cfg_);
-  const Resumed resumed = resume(cfg_, model_, *optimizer_, loss_scaling_, group_);
+  const Resumed resumed = resume(cfg_, mcfg, model_, *optimizer_, loss_scaling_, group_);
   progress_ = resumed.progress;
 
   metrics_.emplace(cfg_.metrics, rank_, cfg_.on_output_error == "stop");

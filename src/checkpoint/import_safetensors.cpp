@@ -39,9 +39,11 @@ void import_safetensors(const std::string& dir, const std::shared_ptr<torch::nn:
   Agreement agree(*group, op);
   std::unique_ptr<SafetensorsCheckpoint> ck;
   std::vector<Planned> plan;
+  uint64_t fingerprint = 0;
   agree.run("reading and validating", [&] {
     check_no_pending_gradients(root, who);
     ck = std::make_unique<SafetensorsCheckpoint>(dir);
+    fingerprint = ck->fingerprint();
     std::set<std::string> taken;
     for (auto& v : param_views(root, *group, who)) {
       SafetensorsSource src = options.source_of ? options.source_of(v.name) : SafetensorsSource{v.name, false};
@@ -75,6 +77,21 @@ void import_safetensors(const std::string& dir, const std::shared_ptr<torch::nn:
                  "' is still on the meta device: the checkpoint holds parameters only; give the buffers their values "
                  "(build them off the meta device) first");
     }
+  });
+  // Every rank must read the same checkpoint: the same path may hold different copies on
+  // different hosts (or a copy being replaced).
+  at::Tensor mine = at::tensor({static_cast<int64_t>(fingerprint)}, at::kLong);
+  at::Tensor all = at::empty({group->size()}, at::kLong);
+  group->all_gather_into_tensor(all, mine)->wait();
+  agree.run("comparing the ranks' files", [&] {
+    std::string differ;
+    for (int r = 0; r < group->size(); ++r) {
+      if (all[r].item<int64_t>() != all[0].item<int64_t>()) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    }
+    FSDP_CHECK(differ.empty(), ErrorKind::kInvalidArgument, who,
+               "the ranks read different files at this path: rank(s) ", differ,
+               " hold other contents than rank 0 (fingerprints of sizes, headers and sampled data differ); give every "
+               "rank the same checkpoint");
   });
   agree.run("reading the rows", [&] {
     at::NoGradGuard no_grad;
@@ -177,6 +194,25 @@ void export_safetensors(const std::string& dir, const std::shared_ptr<torch::nn:
   agree.run("writing", [&] {
     if (failed) throw *failed;
     if (rank != 0) return;
+    // The weights of an earlier export into this directory that this one did not replace (a split
+    // checkpoint under a single file, or more files than now) would make it two checkpoints.
+    std::set<std::string> written;
+    for (size_t k = 0; k < files.size(); ++k) written.insert(file_name(k));
+    if (split) written.insert("model.safetensors.index.json");
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      const bool weights = name == "model.safetensors" || name == "model.safetensors.index.json" ||
+                           (name.rfind("model-", 0) == 0 && name.size() > 12 &&
+                            name.compare(name.size() - 12, 12, ".safetensors") == 0 &&
+                            name.find("-of-") != std::string::npos);
+      if (weights && !written.count(name)) {
+        std::error_code rm;
+        fs::remove(entry.path(), rm);
+        FSDP_CHECK(!rm, ErrorKind::kIo, (ErrorContext{rank, "", "export_safetensors '" + dir + "'"}),
+                   "cannot remove the earlier export's '", name, "': ", rm.message());
+      }
+    }
     if (split) {
       nlohmann::json weight_map = nlohmann::json::object();
       int64_t total = 0;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/check.h"
+#include "fsdp/common/hash.h"
 #include "io.h"
 
 namespace fsdp::checkpoint {
@@ -233,12 +234,48 @@ at::Tensor SafetensorsFile::read_rows(const std::string& name, int64_t row_begin
   return t;
 }
 
+uint64_t SafetensorsFile::fingerprint() const {
+  const int64_t size = impl_->file.size();
+  uint64_t h = fnv1a64(&size, sizeof(size));
+  uint8_t len_bytes[8];
+  impl_->file.read_at(0, len_bytes, 8);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];  // validated on open
+  std::string header(header_len, '\0');
+  if (header_len) impl_->file.read_at(8, header.data(), header_len);
+  h = fnv1a64(header.data(), header.size(), h);
+  const int64_t data_begin = 8 + static_cast<int64_t>(header_len), data_bytes = size - data_begin;
+  constexpr int64_t kSamples = 64, kSampleBytes = 64;
+  char sample[kSampleBytes];
+  for (int64_t k = 0; k < kSamples && data_bytes > 0; ++k) {
+    const int64_t n = std::min(kSampleBytes, data_bytes);
+    const int64_t at = data_begin + (data_bytes - n) * k / (kSamples - 1);
+    impl_->file.read_at(at, sample, static_cast<size_t>(n));
+    h = fnv1a64(sample, static_cast<size_t>(n), h);
+  }
+  return h;
+}
+
+uint64_t SafetensorsCheckpoint::fingerprint() const {
+  uint64_t h = fnv1a64(std::string("safetensors"));
+  for (const auto& f : files_) {
+    const std::string name = std::filesystem::path(f->path()).filename().string();
+    h = fnv1a64(name.data(), name.size(), h);
+    const uint64_t fp = f->fingerprint();
+    h = fnv1a64(&fp, sizeof(fp), h);
+  }
+  return h;
+}
+
 SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& dir) : dir_(dir) {
   namespace fs = std::filesystem;
   const std::string index_path = (fs::path(dir) / "model.safetensors.index.json").string();
   const std::string single = (fs::path(dir) / "model.safetensors").string();
   const ErrorContext where{-1, "", "safetensors checkpoint '" + dir + "'"};
   std::error_code ec;
+  FSDP_CHECK(!(fs::exists(index_path, ec) && fs::exists(single, ec)), ErrorKind::kInvalidArgument, where,
+             "holds both model.safetensors and model.safetensors.index.json: two checkpoints in one directory "
+             "(loaders disagree on which is meant); keep one");
   if (!fs::exists(index_path, ec)) {
     FSDP_CHECK(fs::exists(single, ec), ErrorKind::kIo, where,
                "neither model.safetensors nor model.safetensors.index.json is there");

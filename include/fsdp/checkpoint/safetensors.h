@@ -67,6 +67,11 @@ class SafetensorsFile {
   /// CPU tensor, reading only those bytes. Throws fsdp::Error (kInvalidArgument) for a scalar or a
   /// range outside dim 0.
   at::Tensor read_rows(const std::string& name, int64_t row_begin, int64_t rows) const;
+  /// A fingerprint of the file's contents for comparing copies across ranks or hosts: FNV-1a 64
+  /// of its size, its header and 64 bytes at each of 64 evenly spaced offsets of its data (a
+  /// sample, not every byte: two files differing only between the samples look alike). Reads
+  /// about 4 KiB. Not collective.
+  uint64_t fingerprint() const;
 
  private:
   struct Impl;
@@ -79,10 +84,14 @@ class SafetensorsFile {
 /// files its weight_map names. Opens and validates every file (SafetensorsFile) and checks that
 /// the index names each tensor once, that every file it names exists and holds the tensors the
 /// index puts there, and that no file holds a tensor the index does not name; each failure throws
-/// fsdp::Error naming the index and the tensor or file (kCorruptData; kIo for a missing file).
+/// fsdp::Error naming the index and the tensor or file (kCorruptData; kIo for a missing file). A
+/// directory holding both model.safetensors and model.safetensors.index.json holds two checkpoints
+/// whose readers disagree on which is meant: refused (kInvalidArgument).
 class SafetensorsCheckpoint {
  public:
   explicit SafetensorsCheckpoint(const std::string& dir);
+  /// The files' fingerprints (SafetensorsFile::fingerprint) combined with their names, in order.
+  uint64_t fingerprint() const;
   const std::string& dir() const { return dir_; }
   /// Every tensor's name, sorted.
   std::vector<std::string> names() const;
@@ -163,7 +172,9 @@ struct SafetensorsImportOptions {
 /// Afterwards every unit gathers its parameters afresh at its next forward.
 /// Collective and blocking over `group` (every rank of the model's group calls it, in the same
 /// order as its other collectives); the checkpoint must be readable by every rank (a shared file
-/// system, or a copy per host).
+/// system, or a copy per host), and the same on every rank: the ranks compare the fingerprints of
+/// what they opened (SafetensorsCheckpoint::fingerprint, one all-gather) and refuse different copies
+/// (kInvalidArgument naming the ranks).
 void import_safetensors(const std::string& dir, const std::shared_ptr<torch::nn::Module>& root,
                         const comm::ProcessGroupPtr& group, const SafetensorsImportOptions& options = {});
 
@@ -192,7 +203,9 @@ struct SafetensorsExportOptions {
 /// time (fsdp::gather_full_tensor: collective over each unit's group) and rank 0 appends each to
 /// its file at once, so no rank holds more than one full tensor beyond its shards. Every file
 /// goes through a temporary and a rename; the index and extra files are written last, so a
-/// failed export never leaves a loadable but partial checkpoint. Collective and blocking over
+/// failed export never leaves a loadable but partial checkpoint. Weight files of an earlier export
+/// into `dir` that this one did not overwrite (model.safetensors, model-*-of-*.safetensors, the
+/// index) are removed, as save_pretrained does; other files stay. Collective and blocking over
 /// `group`: every rank calls it. Throws fsdp::Error on every rank when rank 0 cannot write (kIo,
 /// naming the file) or a name repeats (kInvalidArgument).
 void export_safetensors(const std::string& dir, const std::shared_ptr<torch::nn::Module>& root,
