@@ -7,7 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/common/check.h"
+
 namespace fsdp::checkpoint {
+
+/// The context of the manifest's and the directory functions' errors: they know no rank or
+/// operation; the public entry points name themselves (resolve_checkpoint, verify_checkpoint),
+/// save_sharded and load_sharded add theirs (agreement.h).
+inline const ErrorContext kNoContext{};
 
 constexpr const char* kFormat = "fsdp-cpp/sharded-checkpoint";
 constexpr int kFormatVersion = 2;  ///< 2: manifest.json sealed by its CRC-32 (seal_manifest)

@@ -1,7 +1,7 @@
 // A manifest is input from disk ([Note: manifest validation] in src/checkpoint/manifest_check.cpp):
 // an edited field is refused on every rank with kCorruptData naming the field, the model stays
 // untouched, and resolving a directory whose latest checkpoint is damaged refuses to fall back
-// silently ([Note: no silent fallback] in src/checkpoint/manifest.cpp).
+// silently ([Note: no silent fallback] in src/checkpoint/directory.cpp).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
