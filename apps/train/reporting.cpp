@@ -1,6 +1,8 @@
 // fsdp-train's reporting (reporting.h): schedule, console, metrics events, trace.
 #include "train/reporting.h"
 
+#include "fsdp/common/bytes.h"
+
 #include <unistd.h>
 
 #include <ATen/ops/tensor.h>
@@ -31,17 +33,7 @@ double lr_at(int64_t step, int64_t total, int64_t warmup, double lr, double min_
   return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (std::fabs(bytes) >= 1024.0 && u < 4) {
-    bytes /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
-  return buf;
-}
+std::string human_bytes(double bytes) { return fsdp::format_byte_count(bytes, fsdp::ByteUnits::kBinary); }
 
 std::string human_count(double n) {
   char buf[32];

@@ -2,6 +2,8 @@
 // counting_allocator.cpp, [Note: memory budget]).
 #include "fsdp/accounting/budget.h"
 
+#include "fsdp/common/bytes.h"
+
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -56,16 +58,7 @@ int64_t parse_bytes(const std::string& text) {
 }
 
 std::string format_bytes(int64_t bytes) {
-  static const char* kUnits[] = {"B", "KB", "MB", "GB", "TB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (std::fabs(v) >= 1000.0 && u < 4) {
-    v /= 1000.0;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, kUnits[u]);
-  return buf;
+  return format_byte_count(static_cast<double>(bytes), ByteUnits::kDecimal);
 }
 
 }  // namespace accounting

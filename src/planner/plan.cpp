@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "fsdp/common/bytes.h"
 #include "fsdp/common/check.h"
 
 namespace fsdp::planner {
@@ -325,17 +326,6 @@ std::string format_count(int64_t n) {
   return out;
 }
 
-std::string format_bytes(double bytes) {
-  const char* units[] = {"B", "kB", "MB", "GB", "TB", "PB"};
-  int i = 0;
-  double v = bytes;
-  while (std::fabs(v) >= 1000.0 && i < 5) {
-    v /= 1000.0;
-    ++i;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), i == 0 ? "%.0f %s" : "%.1f %s", v, units[i]);
-  return buf;
-}
+std::string format_bytes(double bytes) { return format_byte_count(bytes, ByteUnits::kDecimalLowerK); }
 
 }  // namespace fsdp::planner

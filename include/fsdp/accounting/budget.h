@@ -51,7 +51,8 @@ int64_t memory_budget_bytes();
 /// 1000) or KiB, MiB, GiB, TiB (powers of 1024), case-insensitive, e.g. "600MB", "1.5GiB",
 /// "4096". Throws fsdp::Error (kInvalidArgument) naming the text otherwise.
 int64_t parse_bytes(const std::string& text);
-/// "600.0 MB"-style text of a byte count in powers of 1000 (B, KB, MB, GB, TB; one decimal).
+/// "600.0 MB"-style text of a byte count in powers of 1000 (B, KB, MB, GB, TB; one decimal):
+/// format_byte_count(bytes, ByteUnits::kDecimal) (fsdp/common/bytes.h).
 std::string format_bytes(int64_t bytes);
 
 }  // namespace accounting

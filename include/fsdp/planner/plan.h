@@ -115,7 +115,8 @@ std::vector<int64_t> hybrid_candidates(int64_t world_size, int64_t ranks_per_nod
 /// Parses a byte count: "80GB" (10^9), "80GiB" (2^30), "512MiB", "1.5TB", "1e9", "123" (bytes).
 /// Throws fsdp::Error (kInvalidArgument) for anything else.
 int64_t parse_bytes(const std::string& text);
-/// "112.0 GB" style (decimal units, as the datasheets write them).
+/// "112.0 GB" style (decimal units, as the datasheets write them: B, kB, MB, GB, TB, PB):
+/// format_byte_count(bytes, ByteUnits::kDecimalLowerK) (fsdp/common/bytes.h).
 std::string format_bytes(double bytes);
 /// A count with its digits grouped in threes: 13891584 -> "13,891,584", -1234 -> "-1,234".
 std::string format_count(int64_t n);
