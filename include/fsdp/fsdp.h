@@ -21,6 +21,7 @@
 #include "fsdp/runtime/dry_run.h"
 #include "fsdp/runtime/fully_shard.h"
 #include "fsdp/runtime/materialize.h"
+#include "fsdp/runtime/model_state.h"
 #include "fsdp/runtime/options.h"
 #include "fsdp/runtime/state_dict.h"
 #include "fsdp/shard/layout.h"

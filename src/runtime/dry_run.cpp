@@ -4,10 +4,10 @@
 
 #include <unordered_set>
 
-#include "fsdp/accounting/memory.h"
 #include "fsdp/comm/simulated_backend.h"
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "fsdp/runtime/model_state.h"
 
 namespace fsdp {
 

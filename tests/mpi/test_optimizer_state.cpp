@@ -11,6 +11,7 @@
 #include "../common/parity.h"
 #include "../common/scenario_util.h"
 #include "fsdp/accounting/memory.h"
+#include "fsdp/runtime/model_state.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/optim/optimizer_state.h"
 #include "mpi_world.h"

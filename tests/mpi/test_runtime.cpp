@@ -6,6 +6,7 @@
 #include "../common/models.h"
 #include "../common/scenario_util.h"
 #include "fsdp/accounting/memory.h"
+#include "fsdp/runtime/model_state.h"
 #include "mpi_world.h"
 
 using namespace fsdp_test;

@@ -1,12 +1,9 @@
-// Memory accounting: a counting CPU allocator (current / peak bytes of every CPU tensor of this
-// process) and the library's own bytes by kind.
+// Memory accounting, the ground floor: a counting CPU allocator (current / peak bytes of every CPU
+// tensor of this process) and glibc heap retention. The library's own bytes by kind (a query of
+// the runtime's units) are in fsdp/runtime/model_state.h.
 #pragma once
 
-#include <torch/nn/module.h>
-#include <torch/optim/optimizer.h>
-
 #include <cstdint>
-#include <memory>
 
 namespace fsdp::accounting {
 
@@ -39,31 +36,5 @@ int64_t current_bytes();
 int64_t peak_bytes();
 /// Sets the peak to the current value (start of a measured phase).
 void reset_peak_bytes();
-
-/// This rank's model-state bytes held by fsdp-cpp, by kind (one rank, one moment).
-struct ModelStateBytes {
-  int64_t sharded_param_bytes = 0;     ///< sharded params incl. padding rows
-  int64_t sharded_grad_bytes = 0;      ///< sharded grads currently defined
-  int64_t optim_state_bytes = 0;       ///< optimizer state tensors (0 without an optimizer)
-  int64_t unsharded_param_bytes = 0;   ///< unsharded params resident now (zero1: between steps too)
-  int64_t unsharded_grad_bytes = 0;    ///< unsharded grads alive now
-  int64_t peak_unsharded_param_bytes = 0;  ///< max unsharded params alive since last reset
-  int64_t total_state_bytes() const {
-    return sharded_param_bytes + sharded_grad_bytes + optim_state_bytes;
-  }
-  /// Everything the library holds for the model now: the state plus unsharded params and grads.
-  int64_t resident_bytes() const {
-    return total_state_bytes() + unsharded_param_bytes + unsharded_grad_bytes;
-  }
-};
-
-/// Model state of the units under root (and of `optimizer`, when given). Not collective.
-ModelStateBytes model_state_bytes(const std::shared_ptr<torch::nn::Module>& root,
-                                  const torch::optim::Optimizer* optimizer = nullptr);
-/// Bytes of the state tensors of optimizer (Adam/AdamW exp_avg, exp_avg_sq, max_exp_avg_sq; SGD
-/// momentum_buffer). Throws fsdp::Error for an optimizer type it does not know.
-int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
-/// Resets peak_unsharded_param_bytes of root's tree to the current value.
-void reset_peak_unsharded_bytes(const std::shared_ptr<torch::nn::Module>& root);
 
 }  // namespace fsdp::accounting

@@ -1,9 +1,9 @@
-#include "fsdp/accounting/memory.h"
+#include "fsdp/runtime/model_state.h"
 
 #include "fsdp/common/check.h"
 #include "fsdp/optim/optimizer_state.h"
 #include "fsdp/runtime/fully_shard.h"
-#include "../runtime/scheduler.h"
+#include "scheduler.h"
 
 namespace fsdp::accounting {
 
