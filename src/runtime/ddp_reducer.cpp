@@ -137,15 +137,12 @@ void DdpReducer::issue(size_t b) {
     const int64_t n = p.spec.numel();
     at::Tensor dst = buffer.narrow(0, off, n);
     off += n;
-    const at::Tensor& g = p.module_param.grad();
+    const at::Tensor g = p.release_unsharded_grad(where("backward"));  // freed once packed
     if (g.defined()) {
-      FSDP_CHECK(g.numel() == n, ErrorKind::kInvalidArgument, where("backward"),
-                 expected_actual("gradient shape of '" + p.fqn + "'", shard::shape_to_string(p.shape), g.sizes()));
       dst.copy_(g.reshape({n}));
     } else {
       dst.zero_();  // unused on this rank in this backward
     }
-    p.module_param.mutable_grad() = at::Tensor();  // free the unsharded gradient
   }
   buffers_[b] = buffer;
   works_[b] = group_->all_reduce(buffer, comm::ReduceOp::kAvg, tag_("backward"));

@@ -116,19 +116,26 @@ void FSDPParam::copy_in_unsharded(const at::Tensor& blocks, int64_t offset) {
       .copy_(blocks.narrow(1, offset, s.padded_shard_numel()).view({world, s.rows_per_rank, s.row_numel}));
 }
 
+at::Tensor FSDPParam::release_unsharded_grad(const ErrorContext& where) {
+  at::Tensor g = module_param.grad();
+  if (g.defined()) {
+    FSDP_CHECK(g.sizes().vec() == shape, ErrorKind::kInvalidArgument, where,
+               expected_actual("gradient shape of '" + fqn + "'", shard::shape_to_string(shape), g.sizes()));
+  }
+  module_param.mutable_grad() = at::Tensor();
+  return g;
+}
+
 void FSDPParam::take_unsharded_grad(const at::Tensor& blocks, int64_t offset, const std::string& where) {
   at::NoGradGuard no_grad;
   const auto& s = spec;
   const int64_t world = blocks.size(0);
   at::Tensor dst = blocks.narrow(1, offset, s.padded_shard_numel());  // (world, rows_per_rank*row_numel)
-  at::Tensor g = module_param.grad();
-  module_param.mutable_grad() = at::Tensor();  // the unsharded gradient is freed once packed
+  at::Tensor g = release_unsharded_grad(ErrorContext{-1, where, "reduce_scatter"});  // freed once packed
   if (!g.defined() || s.padded_shard_numel() == 0) {
     if (s.padded_shard_numel() > 0) dst.zero_();  // no gradient on this rank this step: zeros
     return;
   }
-  FSDP_CHECK(g.sizes().vec() == shape, ErrorKind::kInvalidArgument, (ErrorContext{-1, where, "reduce_scatter"}),
-             expected_actual("gradient shape of '" + fqn + "'", shard::shape_to_string(shape), g.sizes()));
   at::Tensor rows = g.reshape({s.dim0, s.row_numel});
   at::Tensor out = dst.view({world, s.rows_per_rank, s.row_numel});
   const int64_t full = s.rows_per_rank ? s.dim0 / s.rows_per_rank : 0;  // ranks with all rows real

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/common/check.h"
 #include "fsdp/shard/layout.h"
 
 namespace fsdp {
@@ -69,6 +70,12 @@ struct FSDPParam {
   /// Copies this param's rows out of an all-gather result: `blocks` is (world, S) with this
   /// param's slice at [offset, offset + padded_shard_numel) of every block. Allocates first.
   void copy_in_unsharded(const at::Tensor& blocks, int64_t offset);
+  /// Takes module_param's unsharded gradient of this backward out of the param (which then holds
+  /// none): returns it in the param's shape and dtype, or an undefined tensor when this rank has
+  /// no gradient for it. Throws fsdp::Error (kInvalidArgument, at `where`) when the gradient's
+  /// shape differs from the param's (the gradient is then left in place). Every gradient
+  /// reduction (reduce-scatter input, DDP bucket) packs through it.
+  at::Tensor release_unsharded_grad(const ErrorContext& where);
   /// Writes module_param's unsharded gradient into a reduce-scatter input `blocks` (world, S) at
   /// [offset, offset + padded_shard_numel) of every block (rank-major rows, zero padding; zeros when
   /// there is no gradient on this rank), then frees the unsharded gradient. Throws fsdp::Error
