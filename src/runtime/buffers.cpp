@@ -2,29 +2,14 @@
 
 #include <ATen/ATen.h>
 
-#include <functional>
 #include <map>
 
-#include "fsdp/runtime/fully_shard.h"
+#include "unit_registry.h"
 
 namespace fsdp::detail {
-namespace {
-
-// Visits module's subtree, skipping nested units (and the unit holder modules).
-void visit_unit_modules(torch::nn::Module& m, const std::string& prefix, bool top,
-                        const std::function<void(torch::nn::Module&, const std::string&)>& fn) {
-  if (!top && find_unit(&m)) return;
-  fn(m, prefix);
-  for (const auto& c : m.named_children()) {
-    visit_unit_modules(*c.value(), prefix.empty() ? c.key() : prefix + "." + c.key(), false, fn);
-  }
-}
-
-}  // namespace
-
 std::vector<at::Tensor> unit_buffers(torch::nn::Module& module) {
   std::vector<at::Tensor> out;
-  visit_unit_modules(module, "", true, [&](torch::nn::Module& m, const std::string&) {
+  visit_unit_modules(module, [&](torch::nn::Module& m, const std::string&) {
     for (const auto& b : m.buffers(/*recurse=*/false)) {
       if (b.defined()) out.push_back(b);
     }
@@ -84,16 +69,18 @@ void BufferCast::restore() {
 
 std::optional<std::string> find_running_stats_module(torch::nn::Module& module) {
   std::optional<std::string> found;
-  visit_unit_modules(module, "", true, [&](torch::nn::Module& m, const std::string& name) {
+  visit_unit_modules(module, [&](torch::nn::Module& m, const std::string& name) {
     if (found) return;
-    for (const auto& b : m.named_buffers(/*recurse=*/false)) {
-      if (b.key() == "running_mean" || b.key() == "running_var") {
-        found = (name.empty() ? std::string("(the unit's module)") : name) + " (" + m.name() + ")";
-        return;
-      }
-    }
+    if (keeps_running_stats(m)) found = (name.empty() ? std::string("(the unit's module)") : name) + " (" + m.name() + ")";
   });
   return found;
+}
+
+bool keeps_running_stats(const torch::nn::Module& m) {
+  for (const auto& b : m.named_buffers(/*recurse=*/false)) {
+    if (b.key() == "running_mean" || b.key() == "running_var") return true;
+  }
+  return false;
 }
 
 }  // namespace fsdp::detail

@@ -45,4 +45,10 @@ class BufferCast {
 /// "qualified.name (TypeName)", or nullopt.
 std::optional<std::string> find_running_stats_module(torch::nn::Module& module);
 
+/// True when `m` itself (not its children) keeps running statistics: a buffer named running_mean
+/// or running_var. fully_shard_tree makes such modules fp32 units of their own under a
+/// low-precision policy (FSDP's rule for batch norm: their input stays low precision, their
+/// weights and statistics fp32).
+bool keeps_running_stats(const torch::nn::Module& m);
+
 }  // namespace fsdp::detail

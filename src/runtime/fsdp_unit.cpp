@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
-#include <functional>
 #include <unordered_set>
 
 #include "autograd_hooks.h"
@@ -12,10 +11,10 @@
 #include "fsdp/common/activity.h"
 #include "consistency.h"
 #include "ddp_reducer.h"
-#include "fsdp/runtime/fully_shard.h"
 #include "scheduler.h"
 #include "strategy.h"
 #include "unit_collectives.h"
+#include "unit_registry.h"
 
 namespace fsdp {
 
@@ -566,18 +565,13 @@ void FSDPUnit::check_params_registered() const {
   for (const auto& p : params_) managed.insert(p.module_param.unsafeGetTensorImpl());
   std::unordered_set<const c10::TensorImpl*> seen;
   std::vector<std::string> added;
-  std::function<void(torch::nn::Module&, const std::string&, bool)> visit =
-      [&](torch::nn::Module& m, const std::string& prefix, bool top) {
-        if (!top && find_unit(&m)) return;  // a nested unit checks its own
-        for (const auto& item : m.named_parameters(/*recurse=*/false)) {
-          const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
-          if (seen.insert(impl).second && !managed.count(impl)) added.push_back(prefix + item.key());
-        }
-        for (const auto& child : m.named_children()) {
-          if (child.key() != detail::kStateChildName) visit(*child.value(), prefix + child.key() + ".", false);
-        }
-      };
-  visit(*module_raw_, "", true);
+  detail::visit_unit_modules(*module_raw_, [&](torch::nn::Module& m, const std::string& path) {
+    const std::string prefix = path.empty() ? "" : path + ".";
+    for (const auto& item : m.named_parameters(/*recurse=*/false)) {
+      const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+      if (seen.insert(impl).second && !managed.count(impl)) added.push_back(prefix + item.key());
+    }
+  });
   if (added.empty() && seen.size() == managed.size()) return;
   std::vector<std::string> gone;
   for (const auto& p : params_) {
@@ -609,7 +603,7 @@ void FSDPUnit::lazy_init_root() {
   detail::name_units_by_path(*module_raw_);
   std::vector<std::shared_ptr<FSDPUnit>> units{shared_from_this()};
   const int bound = options_.max_unsharded_units.value_or(kDefaultMaxUnshardedUnits);
-  for (const auto& u : units_of(module_.lock())) {
+  for (const auto& u : detail::registered_units_under(*module_raw_)) {
     if (u.get() == this) continue;
     FSDP_CHECK(u->group_ == group_, ErrorKind::kInvalidArgument, where("forward"), "unit '", u->name(),
                "' trains over another process group than its root; every unit of one tree must be "

@@ -1,6 +1,5 @@
 #include "fsdp/runtime/fully_shard.h"
 
-#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -8,63 +7,47 @@
 #include "buffers.h"
 #include "scheduler.h"
 #include "strategy.h"
+#include "unit_registry.h"
 
 namespace fsdp {
 namespace {
 
-// [Note: unit ownership] libtorch modules have no slot for user state. The unit is owned by a
-// parameterless child module "_fsdp_state" registered on the wrapped module, so it is freed with
-// the module; this registry maps module address -> unit weakly for fsdp::call's lookup, and an
-// expired entry is never confused with a new module at a reused address.
-struct Registry {
-  std::mutex mu;
-  std::unordered_map<const torch::nn::Module*, std::weak_ptr<FSDPUnit>> units;
-  // parameter TensorImpl -> owning unit (to reject params shared across units)
-  std::unordered_map<const c10::TensorImpl*, std::weak_ptr<FSDPUnit>> param_owner;
-  // shard / replicate sub-groups of every (group, shard size) in use
-  detail::SubGroupCache sub_groups;
-};
-
+// The unit is owned by a child module of the wrapped module ([Note: unit ownership] in
+// unit_registry.cpp); the registry maps modules and params to their units.
 struct UnitHolderImpl : torch::nn::Module {
   explicit UnitHolderImpl(std::shared_ptr<FSDPUnit> u) : torch::nn::Module("FSDPState"), unit(std::move(u)) {}
   std::shared_ptr<FSDPUnit> unit;
 };
 using detail::kStateChildName;
 
-Registry& registry() {
-  static Registry r;
-  return r;
+// shard / replicate sub-groups of every (group, shard size) in use
+detail::SubGroupCache& sub_groups() {
+  static detail::SubGroupCache cache;
+  return cache;
 }
 
 // Params of module's subtree that no unit below (or at) module owns yet, with qualified names
 // relative to module, first name wins for shared params.
-void collect_params(torch::nn::Module& m, const std::string& prefix, bool is_top, const ErrorContext& where,
-                    std::unordered_set<const c10::TensorImpl*>& seen, std::vector<FSDPParam>& out) {
-  if (!is_top && find_unit(&m)) return;  // owned by a nested unit
-  if (dynamic_cast<UnitHolderImpl*>(&m)) return;
-  for (const auto& item : m.named_parameters(/*recurse=*/false)) {
-    const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
-    if (!seen.insert(impl).second) continue;
-    {
-      auto& reg = registry();
-      std::lock_guard<std::mutex> lock(reg.mu);
-      auto it = reg.param_owner.find(impl);
-      std::shared_ptr<FSDPUnit> owner = it == reg.param_owner.end() ? nullptr : it->second.lock();
+void collect_params(torch::nn::Module& module, const ErrorContext& where, std::vector<FSDPParam>& out) {
+  std::unordered_set<const c10::TensorImpl*> seen;
+  detail::visit_unit_modules(module, [&](torch::nn::Module& m, const std::string& path) {
+    const std::string prefix = path.empty() ? "" : path + ".";
+    for (const auto& item : m.named_parameters(/*recurse=*/false)) {
+      const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+      if (!seen.insert(impl).second) continue;
+      std::shared_ptr<FSDPUnit> owner = detail::param_owner(impl);
       FSDP_CHECK(owner == nullptr, ErrorKind::kInvalidArgument, where, "parameter '", prefix, item.key(),
                  "' is already managed by unit '", owner ? owner->name() : "",
                  "'; a parameter shared by two modules must live in one unit (wrap their common "
                  "parent)");
+      FSDPParam p;
+      p.fqn = prefix + item.key();
+      p.shape = item.value().sizes().vec();
+      p.requires_grad = item.value().requires_grad();
+      p.module_param = item.value();
+      out.push_back(std::move(p));
     }
-    FSDPParam p;
-    p.fqn = prefix + item.key();
-    p.shape = item.value().sizes().vec();
-    p.requires_grad = item.value().requires_grad();
-    p.module_param = item.value();
-    out.push_back(std::move(p));
-  }
-  for (const auto& child : m.named_children()) {
-    collect_params(*child.value(), prefix + child.key() + ".", false, where, seen, out);
-  }
+  });
 }
 
 // A module keeping running statistics (BatchNorm) inside a unit that computes in a low-precision
@@ -85,21 +68,11 @@ void reject_low_precision_running_stats(torch::nn::Module& module, const std::ve
   }
 }
 
-// fully_shard_tree wraps modules with running statistics as fp32 units of their own under a
-// low-precision policy (FSDP's rule for batch norm): their input stays low precision, their
-// weights and statistics fp32.
-bool keeps_running_stats(torch::nn::Module& m) {
-  for (const auto& b : m.named_buffers(/*recurse=*/false)) {
-    if (b.key() == "running_mean" || b.key() == "running_var") return true;
-  }
-  return false;
-}
-
-int64_t unowned_numel(torch::nn::Module& m, bool is_top) {
-  if (!is_top && find_unit(&m)) return 0;
+int64_t unowned_numel(torch::nn::Module& module) {
   int64_t n = 0;
-  for (const auto& p : m.parameters(/*recurse=*/false)) n += p.numel();
-  for (const auto& c : m.children()) n += unowned_numel(*c, false);
+  detail::visit_unit_modules(module, [&](torch::nn::Module& m, const std::string&) {
+    for (const auto& p : m.parameters(/*recurse=*/false)) n += p.numel();
+  });
   return n;
 }
 
@@ -111,28 +84,14 @@ std::shared_ptr<FSDPUnit> fully_shard_named(std::shared_ptr<torch::nn::Module> m
   FSDP_CHECK(!find_unit(module.get()), ErrorKind::kInvalidArgument, where,
              "the module is already an FSDP unit (fully_shard runs once per module; "
              "fully_shard_tree wraps each selected module once)");
-  {
-    // Drop entries of units that died with their modules.
-    auto& reg = registry();
-    std::lock_guard<std::mutex> lock(reg.mu);
-    for (auto it = reg.units.begin(); it != reg.units.end();) {
-      it = it->second.expired() ? reg.units.erase(it) : std::next(it);
-    }
-    for (auto it = reg.param_owner.begin(); it != reg.param_owner.end();) {
-      it = it->second.expired() ? reg.param_owner.erase(it) : std::next(it);
-    }
-  }
-  std::unordered_set<const c10::TensorImpl*> seen;
+  detail::prune_registry();  // entries of units that died with their modules
   std::vector<FSDPParam> params;
-  collect_params(*module, "", true, where, seen, params);
+  collect_params(*module, where, params);
   reject_low_precision_running_stats(*module, params, options, where);
   auto unit = std::make_shared<FSDPUnit>(module, name, std::move(group), options, std::move(params),
-                                         registry().sub_groups);
+                                         sub_groups());
   module->register_module(kStateChildName, std::make_shared<UnitHolderImpl>(unit));
-  auto& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  reg.units[module.get()] = unit;
-  for (const auto& p : unit->params()) reg.param_owner[p.module_param.unsafeGetTensorImpl()] = unit;
+  detail::register_unit(module.get(), unit);
   return unit;
 }
 
@@ -147,7 +106,7 @@ std::shared_ptr<FSDPUnit> fully_shard(std::shared_ptr<torch::nn::Module> module,
 
 WrapPolicy wrap_by_min_numel(int64_t min_numel) {
   return [min_numel](const std::string&, torch::nn::Module& m) {
-    return unowned_numel(m, true) >= min_numel;
+    return unowned_numel(m) >= min_numel;
   };
 }
 
@@ -166,7 +125,7 @@ std::shared_ptr<FSDPUnit> fully_shard_tree(std::shared_ptr<torch::nn::Module> ro
           visit(child.value(), cq);
           if (find_unit(child.value().get())) continue;
           const auto& mp = options.mixed_precision;
-          if (mp.param_dtype && mp.buffer_dtype != mp.param_dtype && keeps_running_stats(*child.value())) {
+          if (mp.param_dtype && mp.buffer_dtype != mp.param_dtype && detail::keeps_running_stats(*child.value())) {
             FullyShardOptions fp32 = options;
             fp32.mixed_precision.param_dtype.reset();
             fp32.mixed_precision.reduce_dtype.reset();
@@ -181,48 +140,11 @@ std::shared_ptr<FSDPUnit> fully_shard_tree(std::shared_ptr<torch::nn::Module> ro
   return fully_shard_named(root, "root", group, root_options.value_or(options));
 }
 
-std::shared_ptr<FSDPUnit> find_unit(const torch::nn::Module* module) {
-  auto& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  auto it = reg.units.find(module);
-  if (it == reg.units.end()) return nullptr;
-  auto unit = it->second.lock();
-  if (!unit || !unit->module_alive()) {
-    reg.units.erase(it);
-    return nullptr;
-  }
-  return unit;
-}
+std::shared_ptr<FSDPUnit> find_unit(const torch::nn::Module* module) { return detail::registered_unit(module); }
 
 std::vector<std::shared_ptr<FSDPUnit>> units_of(const std::shared_ptr<torch::nn::Module>& root) {
-  std::vector<std::shared_ptr<FSDPUnit>> out;
-  std::function<void(const torch::nn::Module&)> visit = [&](const torch::nn::Module& m) {
-    if (auto u = find_unit(&m)) out.push_back(u);
-    for (const auto& c : m.children()) visit(*c);
-  };
-  visit(*root);
-  return out;
+  return detail::registered_units_under(*root);
 }
-
-namespace detail {
-
-void name_units_by_path(torch::nn::Module& root) {
-  std::unordered_set<const torch::nn::Module*> seen;
-  std::function<void(torch::nn::Module&, const std::string&)> visit = [&](torch::nn::Module& m,
-                                                                        const std::string& path) {
-    if (!seen.insert(&m).second) return;  // a module registered twice keeps its first path
-    if (auto u = find_unit(&m)) {
-      const std::string name = path.empty() ? "root" : path;
-      if (u->name_ != name) u->name_ = name;
-    }
-    for (const auto& c : m.named_children()) {
-      if (c.key() != kStateChildName) visit(*c.value(), path.empty() ? c.key() : path + "." + c.key());
-    }
-  };
-  visit(root, "");
-}
-
-}  // namespace detail
 
 std::vector<ShardedParameter> sharded_parameters(const std::shared_ptr<torch::nn::Module>& root) {
   // A unit's root names the tree's units by their paths (plain fully_shard named them by type).

@@ -10,11 +10,12 @@
 
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "unit_registry.h"
 
 namespace fsdp {
 namespace {
 
-using detail::kStateChildName;  // the unit holder (fully_shard.cpp)
+using detail::kStateChildName;  // the unit holder (unit_registry.h)
 
 // Pre-order over the tree (Module::named_modules' order) without the FSDP state holders.
 void visit_preorder(torch::nn::Module& m, const std::string& name,

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "fsdp/comm/process_group.h"
 #include "fsdp/common/check.h"
 
 namespace fsdp {

@@ -126,10 +126,6 @@ void wait_for_pending(const std::shared_ptr<torch::nn::Module>& root);
 void invalidate_unsharded(const std::shared_ptr<torch::nn::Module>& root);
 
 namespace detail {
-/// The name of the child module through which fully_shard attaches its unit to the wrapped module
-/// ([Note: unit ownership] in fully_shard.cpp); tree walks skip it.
-inline constexpr const char* kStateChildName = "_fsdp_state";
-
 // Applies the unit's pre_forward to the at::Tensor arguments of a call and post_forward to the
 // tensors of the result; see fsdp::call.
 template <typename T>
