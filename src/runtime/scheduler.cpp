@@ -196,10 +196,6 @@ void Scheduler::on_reduce_scatter_issued(FSDPUnit* unit) {
   if (previous && previous.get() != unit) previous->finish_reduce_scatter();
 }
 
-void Scheduler::on_reduce_scatter_finished(FSDPUnit* unit) {
-  if (last_reduce_scatter_.lock().get() == unit) last_reduce_scatter_.reset();
-}
-
 void Scheduler::on_unsharded(int64_t bytes) {
   unsharded_param_bytes_ += bytes;
   peak_unsharded_param_bytes_ = std::max(peak_unsharded_param_bytes_, unsharded_param_bytes_);

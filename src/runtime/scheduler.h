@@ -20,6 +20,12 @@ namespace detail {
 /// backward; not thread-safe beyond that.
 class Scheduler : public std::enable_shared_from_this<Scheduler> {
  public:
+  /// [Note: root and final callback] The lazy init of a tree, at its root unit's first forward
+  /// (tree_init.cpp): names every unit below `root` by its path, checks that they train over
+  /// root's group, belong to no other tree and leave max_unsharded_units to the root (fsdp::Error
+  /// kInvalidArgument / kState at root's "forward" otherwise), and binds them all to one new
+  /// Scheduler. Not collective.
+  static void init_tree(FSDPUnit& root);
   /// units: every unit of the tree, root first. max_unsharded_units: the tree's bound (>= 1).
   Scheduler(const std::vector<std::shared_ptr<FSDPUnit>>& units, int max_unsharded_units);
 
@@ -82,11 +88,11 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   void abort_backward();
   /// Backward prefetch: issues the all-gather of the unit used before `index` in this forward.
   void prefetch_previous(int64_t index);
-  /// `unit` issued its reduce-scatter: the previous unit's is finished (one in flight at a time
-  /// besides the newest), bounding the gradient buffers alive.
+  /// `unit` reports that it issued its reduce-scatter: the scheduler finishes the previous
+  /// unit's (one in flight at a time besides the newest), bounding the gradient buffers alive.
+  /// The unit's own calls never call back into the scheduler (the unit reports, the scheduler
+  /// drives); finishing a unit with nothing in flight is a no-op.
   void on_reduce_scatter_issued(FSDPUnit* unit);
-  /// `unit` finished its reduce-scatter.
-  void on_reduce_scatter_finished(FSDPUnit* unit);
 
   // -- accounting of transient unsharded params (strategies that keep full params excluded) --
   void on_unsharded(int64_t bytes);
@@ -127,7 +133,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   bool callback_queued_ = false;
   bool backward_pending_ = false;  // a training forward ended and its backward has not started
   bool unsynced_since_sync_ = false;  // a backward ran with sync off since the last synced one
-  std::weak_ptr<FSDPUnit> last_reduce_scatter_;
+  std::weak_ptr<FSDPUnit> last_reduce_scatter_;  // the newest unit that issued one
   int64_t unsharded_param_bytes_ = 0;
   int64_t peak_unsharded_param_bytes_ = 0;
 };

@@ -26,7 +26,8 @@ enum class GradSync {
   kBuckets,        ///< DDP buckets all-reduced over the replicate group from AccumulateGrad hooks
 };
 
-/// What a strategy does; fsdp_unit.cpp asks these instead of naming strategies.
+/// What a strategy does; the unit (fsdp_unit.cpp and its unit_*.cpp) asks these instead of naming
+/// strategies.
 struct StrategyTraits {
   ShardingStrategy strategy;
   ShardOver shard_over;

@@ -27,13 +27,13 @@ inline std::ostream& operator<<(std::ostream& os, TrainingState s) { return os <
 inline std::ostream& operator<<(std::ostream& os, ShardedState s) { return os << to_string(s); }
 
 namespace detail {
+class AllGatherCodec;
 class BufferCast;
+class GradientSync;
 class Scheduler;
 class SubGroupCache;
-class DdpReducer;
 struct StrategyTraits;
 struct AllGatherResult;
-struct ReduceScatterResult;
 /// Names every unit of root's tree by its path from root ("root" for root itself). Internal.
 void name_units_by_path(torch::nn::Module& root);
 }  // namespace detail
@@ -179,12 +179,14 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
 
   /// The tree's scheduler (null before the root's first forward). Internal.
   const std::shared_ptr<detail::Scheduler>& scheduler() const { return scheduler_; }
+  /// Binds the unit to its tree's scheduler (Scheduler::init_tree, at the root's first forward)
+  /// and arms its gradient hooks when it syncs gradients. Internal.
+  void attach_scheduler(std::shared_ptr<detail::Scheduler> scheduler);
 
  private:
   void init_shards();
-  void build_reduce_layout();
   void follow_requires_grad();
-  void lazy_init_root();
+  bool has_trainable_params() const;
   // Throws fsdp::Error (kInvalidArgument) when the module's subtree registers a parameter the
   // unit does not manage (added or replaced after fully_shard) or no longer registers one it does.
   void check_params_registered() const;
@@ -203,8 +205,6 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   const detail::StrategyTraits* traits_;
   std::vector<FSDPParam> params_;
   shard::FlatLayout gather_layout_;  // all params
-  shard::FlatLayout reduce_layout_;  // params with requires_grad, in order
-  std::vector<int> reduce_index_;    // reduce_layout_ entry j -> params_ index
   c10::ScalarType orig_dtype_ = c10::kFloat;
   c10::ScalarType param_dtype_ = c10::kFloat;
   c10::ScalarType reduce_dtype_ = c10::kFloat;
@@ -215,11 +215,15 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   ShardedState sharded_state_ = ShardedState::kSharded;
   bool requires_gradient_sync_ = true;
   bool backward_active_ = false;  // a hook of this unit ran in the current backward
-  at::Tensor sharded_flat_;       // this rank's padded shards of all params, original dtype
+  // [Note: master and gather shards] (src/runtime/all_gather_codec.h): the optimizer's master
+  // shard is sharded_flat_ (every FSDPParam::sharded_param views it); what the all-gather sends is
+  // made from it by gather_codec_ at each unshard (today the buffer itself, or its param_dtype
+  // cast). Where the master lives (host, device) is the codec's business.
+  at::Tensor sharded_flat_;       // (S) this rank's padded master shards of all params, original dtype
+  std::unique_ptr<detail::AllGatherCodec> gather_codec_;
   int64_t forward_index_ = 0;
   std::unique_ptr<detail::AllGatherResult> gather_;
-  std::unique_ptr<detail::ReduceScatterResult> reduce_;
-  std::shared_ptr<detail::DdpReducer> reducer_;  // GradSync::kBuckets only
+  std::unique_ptr<detail::GradientSync> grad_sync_;  // chosen once from traits_->grad_sync
   std::shared_ptr<detail::Scheduler> scheduler_;
   std::unique_ptr<detail::BufferCast> buffer_cast_;  // buffer_dtype: buffers cast during forward
   // Lazy gather: versions of the sharded params when the full params were last gathered.

@@ -1,0 +1,43 @@
+// AllGatherCodec: how a unit's master shards become the all-gather input, and how the all-gather
+// output becomes the unsharded params (internal). Chosen once per unit from its strategy's traits
+// row and mixed-precision policy. The default (cast_all_gather_codec) casts the flat master shard
+// to param_dtype and all-gathers it over the shard group (or, for a strategy that gathers nothing,
+// casts it locally), then copies each param's rows out of the output blocks. A quantised
+// all-gather or an offloaded master shard is another codec. docs/architecture.md, "Seams" and
+// "[Note: master and gather shards]".
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <memory>
+#include <vector>
+
+#include "fsdp/comm/process_group.h"
+#include "fsdp/runtime/fsdp_param.h"
+#include "fsdp/shard/layout.h"
+#include "unit_collectives.h"
+
+namespace fsdp::detail {
+
+/// One unit's all-gather encoding. Called by the unit on the thread that runs forward and
+/// backward; encode() is collective over the shard group when the codec communicates (every rank
+/// of the group gathers the same units in the same order).
+class AllGatherCodec {
+ public:
+  virtual ~AllGatherCodec() = default;
+  /// Issues the gather of `master_flat` ((S) this rank's padded master shards of all params,
+  /// original dtype; S = layout.shard_numel()) over `group`, tagged `tag`. Non-blocking; the result
+  /// (its input, output and work) stays alive until decode().
+  virtual AllGatherResult encode(const at::Tensor& master_flat, comm::ProcessGroup& group,
+                                 const comm::OpTag& tag) = 0;
+  /// Waits for `gather` (rethrowing its error), allocates every param's unsharded storage and
+  /// writes its full rows in param_dtype. Blocking. `gather` is released afterwards.
+  virtual void decode(AllGatherResult& gather, std::vector<FSDPParam>& params, const shard::FlatLayout& layout) = 0;
+};
+
+/// Today's codec: cast to `param_dtype` (no copy when it is the master's dtype), then an
+/// all-gather over the shard group when `gathers` (foreach_all_gather), a local cast copy
+/// otherwise (local_cast: no_shard with a param_dtype); decode is copy_out.
+std::unique_ptr<AllGatherCodec> cast_all_gather_codec(c10::ScalarType param_dtype, bool gathers);
+
+}  // namespace fsdp::detail
