@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "fsdp/accounting/memory.h"
-#include "fsdp/runtime/model_state.h"
 #include "fsdp/common/activity.h"
 #include "train/checkpointing.h"
 #include "train/errors.h"

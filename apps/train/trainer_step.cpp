@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fsdp/accounting/memory.h"
+#include "fsdp/runtime/model_state.h"
 #include "fsdp/common/activity.h"
 #include "fsdp/optim/clip.h"
 #include "fsdp/runtime/fully_shard.h"
