@@ -1,10 +1,13 @@
 """What the end-to-end tests of fsdp-train share (train_e2e.py, train_checkpoint_e2e.py,
 train_hf_e2e.py, train_inputs.py, train_files_e2e.py): the tiny run's flags, launching it under
 mpirun, reading its metrics, and the checks."""
+import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -84,3 +87,31 @@ def expect_error(p, code, *needles):
     if not ok:
         sys.stderr.write(out[-3000:])
     check(ok, "exit %d, one line with %s: %r" % (p.returncode, needles, lines[0][:300] if lines else ""))
+
+
+def run_main(tests, prefix, plan=False):
+    """The scripts' main: parses --bin, --data-dir (and --plan), and a mode naming one of `tests`
+    ({mode: fn(opts, tmp)}) when there are several; skips (77) without mpirun or the prepared data;
+    runs the test in a fresh temporary folder, removed afterwards. Returns the exit code."""
+    ap = argparse.ArgumentParser()
+    if len(tests) > 1:
+        ap.add_argument("mode", choices=list(tests))
+    ap.add_argument("--bin", required=True)
+    if plan:
+        ap.add_argument("--plan", help="fsdp-plan")
+    ap.add_argument("--data-dir", required=True)
+    opts = ap.parse_args()
+    if shutil.which("mpirun") is None:
+        print("SKIP: no mpirun")
+        return 77
+    if not os.path.isfile(os.path.join(opts.data_dir, "spm_8192.model")):
+        print("SKIP: no data in %s (run scripts/prepare_data.sh %s)" % (opts.data_dir, opts.data_dir))
+        return 77
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    try:
+        t0 = time.time()
+        (tests[opts.mode] if len(tests) > 1 else next(iter(tests.values())))(opts, tmp)
+        print("PASS (%.1f s)" % (time.time() - t0))
+        return 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

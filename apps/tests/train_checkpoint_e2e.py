@@ -20,16 +20,13 @@ under mpirun.
 
 Exit 0: pass; 77: skipped (no data / no mpirun); anything else: fail.
 """
-import argparse
 import json
 import os
 import shutil
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import check, error_line, events, launch, losses, max_rel, write_manifest  # noqa: E402
+from e2e_common import check, error_line, events, launch, losses, max_rel, run_main, write_manifest  # noqa: E402
 
 
 def read_sharded_tensor(ckpt, manifest, name):
@@ -266,24 +263,7 @@ def test_resume(opts, tmp):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--data-dir", required=True)
-    opts = ap.parse_args()
-    if shutil.which("mpirun") is None:
-        print("SKIP: no mpirun")
-        return 77
-    if not os.path.isfile(os.path.join(opts.data_dir, "spm_8192.model")):
-        print("SKIP: no data in %s (run scripts/prepare_data.sh %s)" % (opts.data_dir, opts.data_dir))
-        return 77
-    tmp = tempfile.mkdtemp(prefix="fsdp-train-checkpoint-e2e-")
-    try:
-        t0 = time.time()
-        test_resume(opts, tmp)
-        print("PASS (%.1f s)" % (time.time() - t0))
-        return 0
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return run_main({"resume": test_resume}, "fsdp-train-checkpoint-e2e-")
 
 
 if __name__ == "__main__":

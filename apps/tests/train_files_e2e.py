@@ -17,16 +17,13 @@ banner, no backtrace.
     byte inside a tensor record (its CRC-32) and a file saved without CRCs are refused in one line.
 Exit 0: pass; 77: skipped (no data / no mpirun); anything else: fail.
 """
-import argparse
 import json
 import os
 import shutil
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import check, events, expect_error, run, write_manifest  # noqa: E402
+from e2e_common import check, events, expect_error, run, run_main, write_manifest  # noqa: E402
 
 
 def edit_manifest(ckpt_dir, fn, seal=True):
@@ -162,26 +159,13 @@ def test_import(opts, tmp, full):
         expect_error(run(["--steps", "1", "--import", path], 2, opts), 1, "--import", needle)
 
 
+def test_all(opts, tmp):
+    full = test_nonfinite_and_resume(opts, tmp)
+    test_import(opts, tmp, full)
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--data-dir", required=True)
-    opts = ap.parse_args()
-    if shutil.which("mpirun") is None:
-        print("SKIP: no mpirun")
-        return 77
-    if not os.path.isfile(os.path.join(opts.data_dir, "spm_8192.model")):
-        print("SKIP: no data in %s (run scripts/prepare_data.sh %s)" % (opts.data_dir, opts.data_dir))
-        return 77
-    tmp = tempfile.mkdtemp(prefix="fsdp-train-files-")
-    try:
-        t0 = time.time()
-        full = test_nonfinite_and_resume(opts, tmp)
-        test_import(opts, tmp, full)
-        print("PASS (%.1f s)" % (time.time() - t0))
-        return 0
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return run_main({"files": test_all}, "fsdp-train-files-")
 
 
 if __name__ == "__main__":

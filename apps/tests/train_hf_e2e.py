@@ -12,18 +12,16 @@
 
 Exit 0: pass; 77: skipped (no data / no mpirun); anything else: fail.
 """
-import argparse
 import json
 import math
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import TINY, check, error_line, events, launch, losses  # noqa: E402
+from e2e_common import TINY, check, error_line, events, launch, losses, run_main  # noqa: E402
 
 
 def test_hf(opts, tmp):
@@ -49,18 +47,9 @@ def test_hf(opts, tmp):
             p.add_(0.02 * torch.randn_like(p))
     ref.save_pretrained(hf)
     check(TINY[:6] == ["--model", "nano", "--n-layer", "2", "--n-embd", "64"], "the tiny run's shape flags come first")
-    shapeless = TINY[6:]
 
     def run(args, n, expect_ok=True):
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), opts.bin,
-               "--data-dir", opts.data_dir] + shapeless + args
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
-        print("  n=%d rc=%d: %s" % (n, p.returncode, " ".join(args)), flush=True)
-        if expect_ok and p.returncode != 0:
-            sys.stderr.write(p.stdout + p.stderr)
-            raise SystemExit("FAIL: exit %d" % p.returncode)
-        return p
+        return run_llama(opts, args, n, expect_ok=expect_ok, shape=False)
 
     want = load_file(os.path.join(hf, "model.safetensors"))
     for n, strategy in ((2, "full_shard"), (4, "no_shard")):
@@ -313,25 +302,7 @@ def test_llama(opts, tmp):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["hf", "llama"])
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--data-dir", required=True)
-    opts = ap.parse_args()
-    if shutil.which("mpirun") is None:
-        print("SKIP: no mpirun")
-        return 77
-    if not os.path.isfile(os.path.join(opts.data_dir, "spm_8192.model")):
-        print("SKIP: no data in %s (run scripts/prepare_data.sh %s)" % (opts.data_dir, opts.data_dir))
-        return 77
-    tmp = tempfile.mkdtemp(prefix="fsdp-train-hf-e2e-")
-    try:
-        t0 = time.time()
-        {"hf": test_hf, "llama": test_llama}[opts.mode](opts, tmp)
-        print("PASS (%.1f s)" % (time.time() - t0))
-        return 0
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return run_main({"hf": test_hf, "llama": test_llama}, "fsdp-train-hf-e2e-")
 
 
 if __name__ == "__main__":

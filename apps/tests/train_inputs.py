@@ -19,18 +19,15 @@ no MPI_ABORT banner and no backtrace:
     each naming the file and errno, no partial file, training to the end;
 Exit 0: pass; 77: skipped (no data / no mpirun); anything else: fail.
 """
-import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import TINY, check, events, expect_error, run  # noqa: E402
+from e2e_common import TINY, check, events, expect_error, run, run_main  # noqa: E402
 
 
 def test_token_cache(opts, tmp):
@@ -233,29 +230,16 @@ def test_disk_full(opts, tmp):
         subprocess.run(["umount", mnt])
 
 
+def test_all(opts, tmp):
+    test_flags(opts, tmp)
+    test_rank_settings(opts, tmp)
+    test_budget_on_some_ranks(opts, tmp)
+    test_token_cache(opts, tmp)
+    test_disk_full(opts, tmp)
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--data-dir", required=True)
-    opts = ap.parse_args()
-    if shutil.which("mpirun") is None:
-        print("SKIP: no mpirun")
-        return 77
-    if not os.path.isfile(os.path.join(opts.data_dir, "spm_8192.model")):
-        print("SKIP: no data in %s (run scripts/prepare_data.sh %s)" % (opts.data_dir, opts.data_dir))
-        return 77
-    tmp = tempfile.mkdtemp(prefix="fsdp-train-inputs-")
-    try:
-        t0 = time.time()
-        test_flags(opts, tmp)
-        test_rank_settings(opts, tmp)
-        test_budget_on_some_ranks(opts, tmp)
-        test_token_cache(opts, tmp)
-        test_disk_full(opts, tmp)
-        print("PASS (%.1f s)" % (time.time() - t0))
-        return 0
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return run_main({"inputs": test_all}, "fsdp-train-inputs-")
 
 
 if __name__ == "__main__":
