@@ -8,7 +8,9 @@ table: measured per-rank model-state bytes (param + grad + optimizer shards, max
 to the planner's exact bytes and DESIGN.md's formula (ZeRO section 5), peak bytes (counting
 allocator, the largest over the steps) next to the planner's peak and the relative error, logical
 bytes communicated per step (one rank) next to the planner's, and step time (the median) next to
-the planner's estimate and the relative error when --profile is given. Every formula
+the planner's estimate and the relative error when --profile is given, and the exposed
+communication (the seconds compute waited for a collective, fsdp-train's comm.exposed_s total, the
+median) next to the planner's exposed_comm_s (with --profile). Every formula
 is the planner's (include/fsdp/planner/, docs/planner.md): this script computes none.
 
   python3 bench/strategy_table.py --presets micro --nranks 1,2,4 [--out out/strategies] \\
@@ -90,14 +92,15 @@ def main():
     ap.add_argument("extra", nargs="*", help="extra fsdp-train flags after --")
     a = ap.parse_args()
     rows = ["| preset | N | strategy | state bytes/rank | planner | DESIGN formula | peak bytes/rank | "
-            "planner peak | peak err | comm bytes/step | planner | step s | planner step s | step err |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "planner peak | peak err | comm bytes/step | planner | step s | planner step s | step err | "
+            "exposed comm s | planner exposed s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for preset in a.presets.split(","):
         for n in [int(x) for x in a.nranks.split(",")]:
             for s in a.strategies.split(","):
                 res, g = run(preset, n, s, a.steps, a.out, a.extra, a.bin, a.reuse_runs)
                 if res is None:
-                    rows.append(f"| {preset} | {n} | {s} | failed (see {a.out}) | | | | | | | | | | |")
+                    rows.append(f"| {preset} | {n} | {s} | failed (see {a.out}) | | | | | | | | | | | | |")
                     continue
                 cfg, steps = res
                 p = plan(cfg, n, s, g, a.profile, a.bin)
@@ -117,9 +120,12 @@ def main():
                 peak_err = 100.0 * (p["peak"]["peak_bytes"] - peak) / peak
                 step_plan = f"{p['time']['step_s']:.3f}" if a.profile else ""
                 step_err = f"{100.0 * (p['time']['step_s'] - step_s) / step_s:+.1f}%" if a.profile else ""
+                exposed = sorted(e["comm"].get("exposed_s", {}).get("total", 0.0) for e in timed)
+                exposed_plan = f"{p['time']['exposed_comm_s']:.3f}" if a.profile else ""
                 rows.append(f"| {preset} | {n} | {name} | {state:,} | {planned:,} | {ms['zero_paper_bytes']:,.0f} | "
                             f"{peak:,} | {p['peak']['peak_bytes']:,} | {peak_err:+.1f}% | {cbytes:,} | "
-                            f"{p['traffic']['logical_bytes']:,} | {step_s:.3f} | {step_plan} | {step_err} |")
+                            f"{p['traffic']['logical_bytes']:,} | {step_s:.3f} | {step_plan} | {step_err} | "
+                            f"{exposed[len(exposed) // 2]:.3f} | {exposed_plan} |")
                 print(rows[-1], flush=True)
     print("\n".join(rows))
 
