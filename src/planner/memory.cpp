@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "fsdp/common/check.h"
+#include "fsdp/runtime/strategy_traits.h"
 #include "fsdp/planner/activations.h"
 #include "fsdp/shard/layout.h"
 
@@ -73,7 +74,7 @@ ModelStateBytes model_state_bytes(const ModelSpec& model, const Parallelism& par
     m.sharded_param_bytes += 4 * n.shard_numel;
     m.sharded_grad_bytes += 4 * n.real_trainable_numel;
     m.optim_state_bytes += k * n.real_trainable_numel;
-    if (par.strategy == S::kZero1) m.resident_unsharded_param_bytes += pb * n.gathered_numel;
+    if (traits_of(par.strategy).lazy_gather) m.resident_unsharded_param_bytes += pb * n.gathered_numel;
   }
   return m;
 }
@@ -90,22 +91,19 @@ BytesPerParam zero_paper_bytes_per_param(Precision precision, OptimizerKind opti
 
 double zero_paper_model_state_bytes(const Parallelism& par, double P, const BytesPerParam& b) {
   par.validate();
-  const double N = static_cast<double>(par.world_size);
-  switch (par.strategy) {
-    case S::kNoShard: return b.total() * P;
-    case S::kZero1: return (b.params + b.grads) * P + b.optimizer * P / N;
-    case S::kShardGradOp: return b.params * P + (b.grads + b.optimizer) * P / N;
-    case S::kFullShard: return b.total() * P / N;
-    case S::kHybridShard: return b.total() * P / static_cast<double>(par.shard_group_size());
-  }
-  return 0.0;
+  // Stage k shards the first k of (optimizer state, gradients, parameters) over the shard group.
+  const int stage = traits_of(par.strategy).zero_stage;
+  const double N = static_cast<double>(stage == 0 ? 1 : par.shard_group_size());
+  return (stage >= 3 ? b.params / N : b.params) * P + (stage >= 2 ? b.grads / N : b.grads) * P +
+         (stage >= 1 ? b.optimizer / N : b.optimizer) * P;
 }
 
 double closed_form_model_state_bytes(const Parallelism& par, double P, const StepSetup& setup) {
   par.validate();
   const double state = (8.0 + static_cast<double>(optimizer_bytes_per_elem(setup.optimizer))) * P /
                        static_cast<double>(par.shard_group_size());
-  const double full = par.strategy == S::kZero1 ? static_cast<double>(param_bytes_per_elem(setup.precision)) * P : 0.0;
+  const double full =
+      traits_of(par.strategy).lazy_gather ? static_cast<double>(param_bytes_per_elem(setup.precision)) * P : 0.0;
   return state + full;
 }
 
@@ -138,11 +136,13 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
   const int64_t pb = param_bytes_per_elem(setup.precision), rb = reduce_bytes_per_elem(setup.precision);
   const ModelStateBytes state = model_state_bytes(model, par, setup, rank);
   const S s = par.strategy;
-  const bool ddp = s == S::kNoShard, gathers_per_phase = s == S::kFullShard || s == S::kHybridShard;
+  const StrategyTraits& st = traits_of(s);
+  const bool ddp = st.grad_sync == GradSync::kBuckets, gathers_per_phase = st.gathers_params && st.reshard_after_forward;
+  const bool once_per_step = gathers_once_per_step(st);
   const bool accumulating = setup.accumulation_steps > 1;
 
   auto full_param = [&](size_t u) -> int64_t {  // transient full params of unit u while in use
-    if (s == S::kZero1) return 0;                // resident: part of the model state
+    if (st.lazy_gather) return 0;                // resident: part of the model state
     if (ddp) return pb == 4 ? 0 : pb * un[u].numel;  // fp32 aliases the storage; else a cast copy
     return pb * un[u].gathered_numel;
   };
@@ -169,7 +169,7 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
     int64_t n = full_param(0);
     if (gathers_per_phase) {
       if (b >= 1) n += full_param(b) + (prefetch_back && b >= 2 ? full_param(b - 1) : 0);
-    } else if (s == S::kShardGradOp) {
+    } else if (once_per_step) {
       for (int64_t j = 1; j <= b; ++j) n += full_param(j);
     } else {
       for (int64_t j = 1; j <= L; ++j) n += full_param(j);
@@ -205,7 +205,7 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
   {  // Start of backward: every activation saved, the loss's gradient buffers.
     PeakBytes m = base;
     m.moment = "start of backward";
-    m.unsharded_param_bytes = params_alive(s == S::kShardGradOp ? L : 0);
+    m.unsharded_param_bytes = params_alive(once_per_step ? L : 0);
     m.unsharded_grad_bytes = accumulating ? all_grads : 0;
     m.activation_bytes = act.total_saved_bytes;
     m.loss_transient_bytes = act.known ? act.loss_transient_bytes : 0;

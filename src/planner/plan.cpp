@@ -7,6 +7,7 @@
 
 #include "fsdp/common/bytes.h"
 #include "fsdp/common/check.h"
+#include "fsdp/runtime/strategy_traits.h"
 
 namespace fsdp::planner {
 namespace {
@@ -20,7 +21,7 @@ Parallelism make_par(const PlanInputs& in, S s, int64_t world, int64_t rpn, int6
   p.strategy = s;
   p.world_size = world;
   p.ranks_per_node = rpn;
-  p.hybrid_shard_group_size = s == S::kHybridShard ? hybrid : 0;
+  p.hybrid_shard_group_size = traits_of(s).uses_hybrid_shard_group_size ? hybrid : 0;
   return p;
 }
 
@@ -243,7 +244,7 @@ Plan make_plan(const PlanInputs& in) {
   const std::vector<StrategyPlan> all = candidates(in, N, rpn, usable);
   if (in.strategy) {
     int64_t g = in.hybrid_shard_group_size;
-    if (*in.strategy == S::kHybridShard && g == 0) g = (N % rpn == 0 && rpn < N) ? rpn : N;
+    if (traits_of(*in.strategy).uses_hybrid_shard_group_size && g == 0) g = (N % rpn == 0 && rpn < N) ? rpn : N;
     plan.strategies.push_back(plan_strategy(in, make_par(in, *in.strategy, N, rpn, g), usable));
   } else {
     plan.strategies = all;

@@ -3,6 +3,7 @@
 
 #include "fsdp/planner/activations.h"
 #include "fsdp/planner/plan.h"
+#include "fsdp/runtime/strategy_traits.h"
 
 namespace fsdp::planner {
 namespace {
@@ -22,7 +23,7 @@ json strategy_json(const StrategyPlan& s) {
   json j;
   j["strategy"] = fsdp::to_string(p.strategy);
   j["label"] = p.label();
-  j["hybrid_shard_group_size"] = p.strategy == fsdp::ShardingStrategy::kHybridShard ? p.shard_group_size() : 0;
+  j["hybrid_shard_group_size"] = fsdp::traits_of(p.strategy).uses_hybrid_shard_group_size ? p.shard_group_size() : 0;
   j["shard_group_size"] = p.shard_group_size();
   j["num_replicas"] = p.num_replicas();
   j["model_state"] = {{"sharded_param_bytes", s.state.sharded_param_bytes},
@@ -125,7 +126,7 @@ std::string plan_to_json(const Plan& plan) {
                          {"strategy", fsdp::to_string(r.choice.strategy)},
                          {"label", r.choice.label()},
                          {"hybrid_shard_group_size",
-                          r.choice.strategy == fsdp::ShardingStrategy::kHybridShard ? r.choice.shard_group_size() : 0},
+                          fsdp::traits_of(r.choice.strategy).uses_hybrid_shard_group_size ? r.choice.shard_group_size() : 0},
                          {"world_size", r.choice.world_size},
                          {"activation_checkpointing", r.activation_checkpointing || in.step.activation_checkpointing},
                          {"reason", r.reason}};

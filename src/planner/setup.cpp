@@ -1,6 +1,7 @@
 #include "fsdp/planner/setup.h"
 
 #include "fsdp/common/check.h"
+#include "fsdp/runtime/strategy_traits.h"
 
 namespace fsdp::planner {
 namespace {
@@ -53,12 +54,12 @@ int64_t optimizer_bytes_per_elem(OptimizerKind o) {
 }
 
 int64_t Parallelism::shard_group_size() const {
-  switch (strategy) {
-    case fsdp::ShardingStrategy::kNoShard: return 1;
-    case fsdp::ShardingStrategy::kHybridShard:
-      return hybrid_shard_group_size == 0 ? world_size : hybrid_shard_group_size;
-    default: return world_size;
+  switch (fsdp::traits_of(strategy).shard_over) {
+    case fsdp::ShardOver::kThisRank: return 1;
+    case fsdp::ShardOver::kHybridGroup: return hybrid_shard_group_size == 0 ? world_size : hybrid_shard_group_size;
+    case fsdp::ShardOver::kWholeGroup: return world_size;
   }
+  return world_size;
 }
 
 int64_t Parallelism::num_replicas() const { return world_size / shard_group_size(); }
@@ -67,7 +68,7 @@ void Parallelism::validate() const {
   FSDP_CHECK(world_size >= 1, ErrorKind::kInvalidArgument, kSetupWhere, expected_actual("world size", ">= 1", world_size));
   FSDP_CHECK(ranks_per_node >= 0, ErrorKind::kInvalidArgument, kSetupWhere,
              expected_actual("ranks per node", ">= 0", ranks_per_node));
-  const bool hybrid = strategy == fsdp::ShardingStrategy::kHybridShard;
+  const bool hybrid = fsdp::traits_of(strategy).uses_hybrid_shard_group_size;
   FSDP_CHECK(hybrid || hybrid_shard_group_size == 0, ErrorKind::kInvalidArgument, kSetupWhere,
              "hybrid_shard_group_size ", hybrid_shard_group_size, " applies to hybrid_shard only, not to ",
              fsdp::to_string(strategy));
@@ -78,7 +79,7 @@ void Parallelism::validate() const {
 }
 
 std::string Parallelism::label() const {
-  if (strategy != fsdp::ShardingStrategy::kHybridShard) return fsdp::to_string(strategy);
+  if (!fsdp::traits_of(strategy).uses_hybrid_shard_group_size) return fsdp::to_string(strategy);
   return str_cat("hybrid_shard(G=", shard_group_size(), ")");
 }
 

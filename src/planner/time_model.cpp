@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "fsdp/common/check.h"
+#include "fsdp/runtime/strategy_traits.h"
 #include "fsdp/planner/memory.h"
 #include "fsdp/planner/replay_queues.h"
 #include "fsdp/planner/traffic.h"
@@ -108,8 +109,9 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   const int64_t U = static_cast<int64_t>(model.units.size());
   const int64_t G = par.shard_group_size(), N = par.world_size;
   const int64_t pb = param_bytes_per_elem(setup.precision), rb = reduce_bytes_per_elem(setup.precision);
-  const bool per_phase = s == S::kFullShard || s == S::kHybridShard, sgo = s == S::kShardGradOp;
-  const bool zero1 = s == S::kZero1, ddp = s == S::kNoShard;
+  const StrategyTraits& st = traits_of(s);
+  const bool per_phase = st.gathers_params && st.reshard_after_forward, sgo = gathers_once_per_step(st);
+  const bool zero1 = st.lazy_gather, ddp = st.grad_sync == GradSync::kBuckets;
   const bool bounded = per_phase || sgo;  // units the max_unsharded_units bound counts
   const bool shard_x = group_crosses_nodes(par, GroupKind::kShard);
   const bool rep_x = group_crosses_nodes(par, GroupKind::kReplicate);
@@ -170,7 +172,7 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     add_copy[u] = copy_s((rb + kMasterBytes) * (ddp ? n.trainable_numel : n.real_trainable_numel));
     ag[u] = op(K::kAllGather, pb * n.gathered_numel, G, shard_x);
     rs[u] = op(K::kReduceScatter, rb * n.reduce_numel, G, shard_x);
-    if (s == S::kHybridShard && G < N) rep[u] = op(K::kAllReduce, rb * n.reduce_shard_numel, N / G, rep_x);
+    if (st.shard_over == ShardOver::kHybridGroup && G < N) rep[u] = op(K::kAllReduce, rb * n.reduce_shard_numel, N / G, rep_x);
     if (ddp) {
       for (int64_t b : ddp_bucket_numels(model.units[u], setup.bucket_cap_bytes, rb)) {
         buckets[u].push_back(op(K::kAllReduce, rb * b, N, world_x));

@@ -1,6 +1,7 @@
 #include "fsdp/planner/traffic.h"
 
 #include "fsdp/planner/memory.h"
+#include "fsdp/runtime/strategy_traits.h"
 
 namespace fsdp::planner {
 namespace {
@@ -70,25 +71,26 @@ StepTraffic step_traffic(const ModelSpec& model, const Parallelism& par, const S
   auto gather = [&](int64_t u) {
     if (un[u].numel > 0) add(K::kAllGather, GroupKind::kShard, u, pb * un[u].gathered_numel);
   };
-  const bool per_phase = s == S::kFullShard || s == S::kHybridShard;
+  const StrategyTraits& st = traits_of(s);
+  const bool per_phase = st.gathers_params && st.reshard_after_forward;
   for (int64_t mb = 0; mb < setup.accumulation_steps; ++mb) {
     const bool sync = mb + 1 == setup.accumulation_steps;
     // Forward, in forward order (the root first).
-    if (s != S::kNoShard && (s != S::kZero1 || mb == 0)) {
+    if (st.gathers_params && (!st.lazy_gather || mb == 0)) {
       for (int64_t u = 0; u < U; ++u) gather(u);
     }
     // Backward, in reverse order; the root (units[0]) last, at the end-of-backward callback.
     for (int64_t u = U - 1; u >= 0; --u) {
       if (per_phase && u > 0) gather(u);
       if (!sync || un[u].trainable_numel == 0) continue;
-      if (s == S::kNoShard) {
+      if (st.grad_sync == GradSync::kBuckets) {
         for (int64_t n : ddp_bucket_numels(model.units[u], setup.bucket_cap_bytes, rb)) {
           add(K::kAllReduce, GroupKind::kWorld, u, rb * n);
         }
         continue;
       }
       add(K::kReduceScatter, GroupKind::kShard, u, rb * un[u].reduce_numel);
-      if (s == S::kHybridShard && G < N) add(K::kAllReduce, GroupKind::kReplicate, u, rb * un[u].reduce_shard_numel);
+      if (st.shard_over == ShardOver::kHybridGroup && G < N) add(K::kAllReduce, GroupKind::kReplicate, u, rb * un[u].reduce_shard_numel);
     }
   }
   if (setup.clip_grad_norm) add(K::kAllReduce, GroupKind::kWorld, -1, 16);  // 2 doubles

@@ -69,7 +69,7 @@ FSDPUnit::FSDPUnit(std::shared_ptr<torch::nn::Module> module, std::string name,
       name_(std::move(name)),
       group_(std::move(group)),
       options_(std::move(options)),
-      traits_(&detail::traits_of(options_.strategy)),
+      traits_(&traits_of(options_.strategy)),
       params_(std::move(params)) {
   FSDP_CHECK(group_ != nullptr, ErrorKind::kInvalidArgument, (ErrorContext{-1, name_, "fully_shard"}),
              "process group is null");

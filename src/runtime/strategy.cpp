@@ -2,24 +2,24 @@
 
 #include <algorithm>
 
-namespace fsdp::detail {
+namespace fsdp {
 namespace {
 
 using S = ShardingStrategy;
 
 // strategy, shard over, replicates over group, keeps full, alias, gathers, lazy, reshard default,
-// may reshard, grad sync, uses hybrid size, uses bucket cap
+// may reshard, grad sync, uses hybrid size, uses bucket cap, ZeRO stage
 const StrategyTraits kTraits[] = {
     {S::kFullShard, ShardOver::kWholeGroup, false, false, false, true, false, true, true,
-     GradSync::kReduceScatter, false, false},
+     GradSync::kReduceScatter, false, false, 3},
     {S::kShardGradOp, ShardOver::kWholeGroup, false, false, false, true, false, false, true,
-     GradSync::kReduceScatter, false, false},
+     GradSync::kReduceScatter, false, false, 2},
     {S::kNoShard, ShardOver::kThisRank, true, true, true, false, false, false, false, GradSync::kBuckets,
-     false, true},
+     false, true, 0},
     {S::kHybridShard, ShardOver::kHybridGroup, false, false, false, true, false, true, true,
-     GradSync::kReduceScatter, true, false},
+     GradSync::kReduceScatter, true, false, 3},
     {S::kZero1, ShardOver::kWholeGroup, false, true, false, true, true, false, false,
-     GradSync::kReduceScatter, false, false},
+     GradSync::kReduceScatter, false, false, 1},
 };
 
 }  // namespace
@@ -30,6 +30,10 @@ const StrategyTraits& traits_of(ShardingStrategy s) {
   }
   throw Error(ErrorKind::kInvalidArgument, ErrorContext{}, str_cat("unknown sharding strategy ", static_cast<int>(s)));
 }
+
+}  // namespace fsdp
+
+namespace fsdp::detail {
 
 int validated_shard_size(const FullyShardOptions& o, int group_size, const ErrorContext& where) {
   const StrategyTraits& t = traits_of(o.strategy);

@@ -1,5 +1,5 @@
-// One row of traits per sharding strategy, and the cache of the sub-groups strategies shard and
-// replicate over (internal). docs/architecture.md, "Strategies".
+// The validation of a unit's options against its strategy's traits, and the cache of the
+// sub-groups strategies shard and replicate over (internal). docs/architecture.md, "Strategies".
 #pragma once
 
 #include <memory>
@@ -9,50 +9,15 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/options.h"
+#include "fsdp/runtime/strategy_traits.h"
 
 namespace fsdp::detail {
 
-/// Which ranks a unit's rows are spread over.
-enum class ShardOver {
-  kWholeGroup,   ///< every rank of the fully_shard group
-  kHybridGroup,  ///< hybrid_shard_group_size consecutive ranks (the whole group when 0)
-  kThisRank,     ///< this rank alone: every rank holds all rows
-};
-
-/// How a unit's gradients leave it after backward.
-enum class GradSync {
-  kReduceScatter,  ///< reduce-scatter over the shard group at post-backward, then an all-reduce
-                   ///< over the replicate group when there is one (hybrid_shard)
-  kBuckets,        ///< DDP buckets all-reduced over the replicate group from AccumulateGrad hooks
-};
-
-/// What a strategy does; the unit (fsdp_unit.cpp and its unit_*.cpp) asks these instead of naming
-/// strategies.
-struct StrategyTraits {
-  ShardingStrategy strategy;
-  ShardOver shard_over;
-  /// The whole fully_shard group holds the same rows and is the replicate group (no_shard), even at
-  /// world size 1; otherwise the replicate group is the sub-group of equal positions, if any.
-  bool replicates_over_group;
-  /// The module params keep full data between steps (not counted against max_unsharded_units).
-  bool keeps_full_params;
-  /// Without a dtype cast the module params are the shard storage itself (all rows, no copy).
-  bool params_alias_shards;
-  /// Unshard all-gathers over the shard group; false: a local cast copy, no collective.
-  bool gathers_params;
-  /// The full params are re-gathered only when the sharded rows may have changed (zero1).
-  bool lazy_gather;
-  /// Default of FullyShardOptions::reshard_after_forward, and whether true is allowed.
-  bool reshard_after_forward;
-  bool may_reshard_after_forward;
-  GradSync grad_sync;
-  /// FullyShardOptions fields that apply (given to another strategy they are rejected).
-  bool uses_hybrid_shard_group_size;
-  bool uses_bucket_cap;
-};
-
-/// The traits row of s.
-const StrategyTraits& traits_of(ShardingStrategy s);
+// The traits table is public (fsdp/runtime/strategy_traits.h): the planner reads the same rows.
+using fsdp::GradSync;
+using fsdp::ShardOver;
+using fsdp::StrategyTraits;
+using fsdp::traits_of;
 
 /// Shard group size of a unit over a group of group_size ranks with these options. Throws
 /// fsdp::Error (kInvalidArgument, at `where`) for options that do not apply to the strategy or

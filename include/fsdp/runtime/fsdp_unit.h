@@ -26,13 +26,14 @@ const char* to_string(ShardedState s);
 inline std::ostream& operator<<(std::ostream& os, TrainingState s) { return os << to_string(s); }
 inline std::ostream& operator<<(std::ostream& os, ShardedState s) { return os << to_string(s); }
 
+struct StrategyTraits;  // fsdp/runtime/strategy_traits.h
+
 namespace detail {
 class AllGatherCodec;
 class BufferCast;
 class GradientSync;
 class Scheduler;
 class SubGroupCache;
-struct StrategyTraits;
 struct AllGatherResult;
 /// Names every unit of root's tree by its path from root ("root" for root itself). Internal.
 void name_units_by_path(torch::nn::Module& root);
@@ -202,7 +203,7 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   comm::ProcessGroupPtr shard_group_;
   comm::ProcessGroupPtr replicate_group_;
   FullyShardOptions options_;
-  const detail::StrategyTraits* traits_;
+  const StrategyTraits* traits_;
   std::vector<FSDPParam> params_;
   shard::FlatLayout gather_layout_;  // all params
   c10::ScalarType orig_dtype_ = c10::kFloat;
