@@ -22,13 +22,15 @@ ranks each: shared memory inside a host, TCP between hosts (docs/multi_host.md).
 Exit 0: pass; 77: skipped (not root, no network namespaces, no mpirun, no data); else: fail.
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_common import events, losses, max_rel  # noqa: E402
 
 TINY = ["--model", "nano", "--n-layer", "2", "--n-embd", "64", "--global-batch-size", "4",
         "--seq-len", "32", "--eval-every", "0", "--eval-batches", "1", "--progress", "lines",
@@ -96,21 +98,6 @@ def one_host(n, cmd, env, what):
     """n ranks on this machine outside the test hosts: one host, shared memory only."""
     return run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n",
                 str(n), "-x", "OMP_NUM_THREADS"] + cmd, env, True, what)
-
-
-def events(path, kind):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [e for e in map(json.loads, f) if e.get("event") == kind]
-
-
-def losses(path):
-    return {e["step"]: e["loss"] for e in events(path, "step")}
-
-
-def max_rel(a, b, steps):
-    return max(abs(a[s] - b[s]) / abs(a[s]) for s in steps)
 
 
 def test_collectives(opts, hosts):
