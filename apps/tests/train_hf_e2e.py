@@ -120,13 +120,14 @@ def test_hf(opts, tmp):
 LLAMA = ["--model", "llama-tiny"] + TINY[6:]
 
 
-def run_llama(opts, args, n, expect_ok=True, shape=True):
+def run_llama(opts, args, n, expect_ok=True, shape=True, env=None):
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), opts.bin,
            "--data-dir", opts.data_dir] + (LLAMA if shape else TINY[6:]) + args
     t0 = time.time()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
-    print("  n=%d %.1fs rc=%d: %s" % (n, time.time() - t0, p.returncode, " ".join(args)), flush=True)
+                       env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})), timeout=300)
+    print("  n=%d %.1fs rc=%d: %s%s" % (n, time.time() - t0, p.returncode, " ".join(args),
+                                        " (%s)" % env if env else ""), flush=True)
     if expect_ok and p.returncode != 0:
         sys.stderr.write(p.stdout + p.stderr)
         raise SystemExit("FAIL: exit %d: %s" % (p.returncode, " ".join(cmd)))
@@ -166,6 +167,16 @@ def test_llama(opts, tmp):
     c = losses(m3)
     rel = max(abs(b[s] - c[s]) / abs(b[s]) for s in b)
     check(rel <= 1e-6, "N=2 --meta-init --activation-checkpointing hybrid_shard: the same losses (%.1e)" % rel)
+    # bf16 (bf16 params, all-gathers and reductions; fp32 master weights and loss) on two kernel paths:
+    # the CPU's own (oneDNN's AMX / AVX512-BF16 kernels where the CPU has them) and oneDNN held to
+    # AVX2, the path of a CPU without bf16 units. Both track the fp32 run.
+    for isa in (None, "AVX2"):
+        mb = os.path.join(tmp, "llama-bf16-%s.jsonl" % (isa or "native"))
+        run_llama(opts, ["--steps", "3", "--mixed-precision", "bf16", "--metrics", mb], 2,
+                  env={"ONEDNN_MAX_CPU_ISA": isa} if isa else None)
+        d = losses(mb)
+        rel = max(abs(d[s_] - b[s_]) / abs(b[s_]) for s_ in (1, 2, 3))
+        check(rel <= 5e-3, "bf16 N=2 (oneDNN ISA %s): losses of steps 1-3 within %.1e of fp32's" % (isa or "native", rel))
 
     # --tokenizer: the file gives the vocabulary (--vocab-size beside it is refused below).
     mt = os.path.join(tmp, "tok.jsonl")
