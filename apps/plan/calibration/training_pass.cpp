@@ -10,8 +10,7 @@
 #include <cmath>
 
 #include "fsdp/planner/time_model.h"
-#include "models/gpt.h"
-#include "models/llama.h"
+#include "models/model_config.h"
 #include "plan/calibration/rank_values.h"
 
 namespace apps::plan::calibration {
@@ -19,8 +18,8 @@ namespace fp = fsdp::planner;
 using fsdp::comm::now_s;
 namespace {
 
-// A module of the model's architecture (its layers cut to `n_layer`) and its vocabulary.
-std::shared_ptr<torch::nn::Module> build_module(const fp::Architecture& a, int64_t n_layer) {
+// The model of the architecture (its layers cut to `n_layer`) at its vocabulary.
+apps::models::ModelConfig config_of(const fp::Architecture& a, int64_t n_layer) {
   if (a.kind == fp::BlockKind::kGpt) {
     apps::models::GPTConfig c;
     c.vocab_size = a.vocab_size;
@@ -29,7 +28,7 @@ std::shared_ptr<torch::nn::Module> build_module(const fp::Architecture& a, int64
     c.n_embd = a.n_embd;
     c.block_size = a.context;
     c.attention = a.attention;
-    return apps::models::GPT(c).ptr();
+    return c;
   }
   apps::models::LlamaConfig c;
   c.vocab_size = a.vocab_size;
@@ -39,12 +38,7 @@ std::shared_ptr<torch::nn::Module> build_module(const fp::Architecture& a, int64
   c.d_model = a.n_embd;
   c.ffn = a.ffn_hidden;
   c.max_seq = a.context;
-  return apps::models::Llama(c).ptr();
-}
-
-at::Tensor forward_logits(const std::shared_ptr<torch::nn::Module>& m, const fp::Architecture& a, const at::Tensor& idx) {
-  if (a.kind == fp::BlockKind::kGpt) return std::static_pointer_cast<apps::models::GPTImpl>(m)->forward(idx);
-  return std::static_pointer_cast<apps::models::LlamaImpl>(m)->forward(idx);
+  return c;
 }
 
 }  // namespace
@@ -62,7 +56,7 @@ TrainingPass::TrainingPass(const fp::ModelSpec& m, const fp::StepSetup& step, at
                         static_cast<double>(sysconf(_SC_PAGESIZE)) / static_cast<double>(ranks_on_node);
   n_layer = arch.n_layer;
   while (n_layer > 1 && root_bytes + static_cast<double>(n_layer) * block_bytes > budget) --n_layer;
-  module = build_module(arch, n_layer);
+  module = apps::models::build_model(config_of(arch, n_layer), at::kCPU);
   module->to(dtype);
   idx = at::randint(arch.vocab_size, {step.micro_batch_size, step.seq_len}, at::kLong);
   flops = fp::unit_flops(m, 0, step).forward + fp::unit_flops(m, 0, step).backward +
@@ -81,7 +75,7 @@ double TrainingPass::run(const std::function<void()>& between) {
     return now_s() - t0;
   }
   for (auto& p : module->parameters()) p.mutable_grad() = at::Tensor();
-  at::Tensor logits = forward_logits(module, arch, idx);
+  at::Tensor logits = std::static_pointer_cast<apps::models::CausalLMImpl>(module)->forward(idx);
   at::Tensor loss =
       torch::nn::functional::cross_entropy(logits.reshape({-1, arch.vocab_size}).to(at::kFloat), idx.reshape({-1}));
   if (between) between();
