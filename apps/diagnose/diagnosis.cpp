@@ -143,9 +143,13 @@ std::string diagnose(const std::vector<Dump>& dumps, int world_size) {
       if (const Entry* e = w) {
         // A rank still inside a collective that its peers have completed fell behind there: the
         // data moved, then it stopped (SIGSTOP, swapped out) before finishing; it wrote its dump
-        // only when the job's end woke it up. The others then wait for it elsewhere.
+        // only when the job's end woke it up. The others then wait for it elsewhere. A rank that
+        // timed out there itself was running and waiting, not stopped: some peers can finish a
+        // collective that it cannot (it waits for data relayed through a rank that stopped inside
+        // that collective), so it is placed as waiting, and the stopped rank is the one named.
         std::vector<int> ahead;
         for (const auto& o : dumps) {
+          if (e->state == "timed out") break;
           const Entry* c = o.rank == d.rank ? nullptr : last_completed(o, e->group);
           if (c && c->seq >= e->seq) ahead.push_back(o.rank);
         }
