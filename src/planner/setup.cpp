@@ -54,12 +54,7 @@ int64_t optimizer_bytes_per_elem(OptimizerKind o) {
 }
 
 int64_t Parallelism::shard_group_size() const {
-  switch (fsdp::traits_of(strategy).shard_over) {
-    case fsdp::ShardOver::kThisRank: return 1;
-    case fsdp::ShardOver::kHybridGroup: return hybrid_shard_group_size == 0 ? world_size : hybrid_shard_group_size;
-    case fsdp::ShardOver::kWholeGroup: return world_size;
-  }
-  return world_size;
+  return fsdp::shard_group_size_of(strategy, hybrid_shard_group_size, world_size, kSetupWhere);
 }
 
 int64_t Parallelism::num_replicas() const { return world_size / shard_group_size(); }
@@ -68,14 +63,7 @@ void Parallelism::validate() const {
   FSDP_CHECK(world_size >= 1, ErrorKind::kInvalidArgument, kSetupWhere, expected_actual("world size", ">= 1", world_size));
   FSDP_CHECK(ranks_per_node >= 0, ErrorKind::kInvalidArgument, kSetupWhere,
              expected_actual("ranks per node", ">= 0", ranks_per_node));
-  const bool hybrid = fsdp::traits_of(strategy).uses_hybrid_shard_group_size;
-  FSDP_CHECK(hybrid || hybrid_shard_group_size == 0, ErrorKind::kInvalidArgument, kSetupWhere,
-             "hybrid_shard_group_size ", hybrid_shard_group_size, " applies to hybrid_shard only, not to ",
-             fsdp::to_string(strategy));
-  FSDP_CHECK(hybrid_shard_group_size >= 0 &&
-                 (hybrid_shard_group_size == 0 || world_size % hybrid_shard_group_size == 0),
-             ErrorKind::kInvalidArgument, kSetupWhere, "hybrid_shard_group_size ", hybrid_shard_group_size,
-             " must divide the world size ", world_size, " (or be 0 for the whole group)");
+  shard_group_size();  // throws for a hybrid_shard_group_size the strategy does not take
 }
 
 std::string Parallelism::label() const {

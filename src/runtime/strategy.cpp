@@ -24,6 +24,26 @@ const StrategyTraits kTraits[] = {
 
 }  // namespace
 
+int64_t shard_group_size_of(ShardingStrategy s, int64_t hybrid_shard_group_size, int64_t group_size,
+                            const ErrorContext& where) {
+  const StrategyTraits& t = traits_of(s);
+  FSDP_CHECK(t.uses_hybrid_shard_group_size || hybrid_shard_group_size == 0, ErrorKind::kInvalidArgument,
+             where, "hybrid_shard_group_size ", hybrid_shard_group_size,
+             " applies to hybrid_shard only, not to strategy ", to_string(s), " (leave it 0)");
+  switch (t.shard_over) {
+    case ShardOver::kWholeGroup: return group_size;
+    case ShardOver::kThisRank: return 1;
+    case ShardOver::kHybridGroup: {
+      const int64_t g = hybrid_shard_group_size;
+      FSDP_CHECK(g >= 0 && (g == 0 || group_size % g == 0), ErrorKind::kInvalidArgument, where,
+                 "hybrid_shard_group_size ", g, " must divide the group size ", group_size,
+                 " (or be 0 for the whole group)");
+      return g == 0 ? group_size : g;
+    }
+  }
+  return group_size;
+}
+
 const StrategyTraits& traits_of(ShardingStrategy s) {
   for (const auto& t : kTraits) {
     if (t.strategy == s) return t;
@@ -48,21 +68,7 @@ int validated_shard_size(const FullyShardOptions& o, int group_size, const Error
              " reduces each unit's gradients in one collective (leave it unset)");
   FSDP_CHECK(!o.bucket_cap_bytes || *o.bucket_cap_bytes > 0, ErrorKind::kInvalidArgument, where,
              "bucket_cap_bytes must be > 0, got ", o.bucket_cap_bytes.value_or(0));
-  FSDP_CHECK(t.uses_hybrid_shard_group_size || o.hybrid_shard_group_size == 0,
-             ErrorKind::kInvalidArgument, where, "hybrid_shard_group_size ", o.hybrid_shard_group_size,
-             " applies to hybrid_shard only, not to strategy ", name, " (leave it 0)");
-  switch (t.shard_over) {
-    case ShardOver::kWholeGroup: return group_size;
-    case ShardOver::kThisRank: return 1;
-    case ShardOver::kHybridGroup: {
-      const int g = o.hybrid_shard_group_size;
-      FSDP_CHECK(g >= 0 && (g == 0 || group_size % g == 0), ErrorKind::kInvalidArgument, where,
-                 "hybrid_shard_group_size ", g, " must divide the group size ", group_size,
-                 " (or be 0 for the whole group)");
-      return g == 0 ? group_size : g;
-    }
-  }
-  return group_size;
+  return static_cast<int>(shard_group_size_of(o.strategy, o.hybrid_shard_group_size, group_size, where));
 }
 
 UnitGroups SubGroupCache::get(const comm::ProcessGroupPtr& group, int shard_size) {

@@ -2,6 +2,9 @@
 // runtime's units and by the planner alike (docs/architecture.md, "Strategies").
 #pragma once
 
+#include <cstdint>
+
+#include "fsdp/common/check.h"
 #include "fsdp/runtime/options.h"
 
 namespace fsdp {
@@ -51,6 +54,14 @@ struct StrategyTraits {
 
 /// The traits row of s. Throws fsdp::Error (kInvalidArgument) for a value outside the enum.
 const StrategyTraits& traits_of(ShardingStrategy s);
+
+/// The shard group size of strategy s over group_size ranks: group_size (full_shard,
+/// shard_grad_op, zero1), 1 (no_shard), or hybrid_shard_group_size (0: the whole group) for
+/// hybrid_shard. The one rule the runtime's units and the planner both apply. Throws fsdp::Error
+/// (kInvalidArgument, at `where`) when hybrid_shard_group_size is given to another strategy, is
+/// negative, or does not divide group_size.
+int64_t shard_group_size_of(ShardingStrategy s, int64_t hybrid_shard_group_size, int64_t group_size,
+                            const ErrorContext& where);
 
 /// A strategy that gathers a unit's params once per step and keeps them through its backward
 /// (shard_grad_op): sharded at rest, not resharded after forward.
