@@ -7,6 +7,8 @@ under mpirun.
       * a 6-step run at N=2 saving every step with --keep 4 (checks that exactly step-3..6 remain)
         and exporting; a run resumed at N=2 from step 3 repeats the losses of steps 4-6 bit for bit;
         a run resumed at N=1 from the same checkpoint matches them within 1e-5 relative;
+      * --resume auto starts afresh on an empty --save and continues from its latest checkpoint
+        once there is one, bit for bit;
       * fp16: the loss scale and the losses after a resume are bit for bit those of the run;
       * --import of the exported file reproduces the exported weights (torch.load, when torch is
         importable);
@@ -200,6 +202,21 @@ def test_resume(opts, tmp):
     launch(["--steps", "6", "--save", ck, "--resume", "latest", "--metrics", m_l], 1, opts)
     check(events(m_l, "config")[0]["start_step"] == 6 and not events(m_l, "step"),
           "--resume latest picks step 6")
+
+    # --resume auto: a fresh start while --save holds no checkpoint, the latest once it does.
+    ck_auto = os.path.join(tmp, "ck_auto")
+    m_x = os.path.join(tmp, "x.jsonl")
+    launch(["--steps", "6", "--save", ck_auto, "--save-every", "3", "--resume", "auto", "--metrics", m_x], 2, opts)
+    x = losses(m_x)
+    check(events(m_x, "config")[0]["start_step"] == 0 and x == a,
+          "--resume auto without a checkpoint starts afresh (steps 1-6 as run a)")
+    shutil.rmtree(os.path.join(ck_auto, "step-000000006"))  # as if the job had died after step 3's save
+    os.remove(os.path.join(ck_auto, "latest"))
+    m_y = os.path.join(tmp, "y.jsonl")
+    launch(["--steps", "6", "--save", ck_auto, "--resume", "auto", "--metrics", m_y], 2, opts)
+    y = losses(m_y)
+    check(events(m_y, "config")[0]["start_step"] == 3 and sorted(y) == [4, 5, 6] and
+          all(y[s] == a[s] for s in (4, 5, 6)), "--resume auto continues from step 3, bit for bit: %s" % y)
 
     # fp16: the GradScaler state travels with the checkpoint.
     ck16 = os.path.join(tmp, "ck16")

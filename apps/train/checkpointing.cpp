@@ -70,6 +70,25 @@ std::map<std::string, double> model_settings(const models::ModelConfig& m) {
 
 }  // namespace
 
+std::string resolve_auto_resume(const std::string& resume, const std::string& save_dir,
+                                fsdp::comm::ProcessGroup& group) {
+  if (resume != "auto") return resume;
+  std::error_code ec;
+  const bool mine = std::filesystem::is_directory(save_dir, ec) && !fsdp::checkpoint::list_checkpoints(save_dir).empty();
+  const std::vector<std::string> all = fsdp::comm::all_gather_strings(group, mine ? "1" : "0");
+  const auto found = std::count(all.begin(), all.end(), std::string("1"));
+  if (found != 0 && found != static_cast<int64_t>(all.size())) {
+    std::string which;
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r] == "1") which += (which.empty() ? "" : ", ") + std::to_string(r);
+    }
+    throw CheckpointError("--resume auto: only rank(s) " + which + " of " + std::to_string(all.size()) +
+                          " find a complete checkpoint in --save " + save_dir +
+                          " (give every rank the same shared directory)");
+  }
+  return found != 0 ? "latest" : "";
+}
+
 Resumed resume(const TrainConfig& c, const models::ModelConfig& model_config,
                const std::shared_ptr<torch::nn::Module>& model, torch::optim::Optimizer& optimizer,
                LossScaling& loss_scaling, const fsdp::comm::ProcessGroupPtr& group) {
@@ -89,11 +108,13 @@ Resumed resume(const TrainConfig& c, const models::ModelConfig& model_config,
     }
     return r;
   }
-  const std::string path = c.resume == "latest" ? c.save : c.resume;
+  FSDP_CHECK(c.resume != "auto", fsdp::ErrorKind::kState, fsdp::ErrorContext{}, "--resume auto is resolved first");
+  const bool in_save = c.resume == "latest";
+  const std::string path = in_save ? c.save : c.resume;
   fsdp::checkpoint::TrainState st;
   const auto t0 = Clock::now();
-  const std::string what = c.resume == "latest" ? "--resume latest (the newest in --save " + c.save + ")"
-                                                : "--resume " + path;
+  const std::string what = in_save ? "--resume " + c.resume + " (the newest in --save " + c.save + ")"
+                                   : "--resume " + path;
   r.path = checkpoint_call(what, [&] {
     maybe_stall("load", group->rank());
     return fsdp::checkpoint::load_sharded(path, model, &optimizer, &st, group);

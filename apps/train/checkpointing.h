@@ -35,7 +35,16 @@ struct Resumed {
   double load_s = 0.0;     ///< seconds of fsdp::checkpoint::load_sharded
 };
 
-/// --resume PATH ("latest": --save DIR): loads the model shards, the optimizer state, the CPU
+/// --resume auto resolved: "latest" when --save DIR (`save_dir`) holds a complete checkpoint,
+/// "" (a fresh start) when it holds none or does not exist; any other `resume` is returned as is.
+/// Every rank must get the same answer: ranks that disagree (a --save that is not one shared
+/// directory) are refused with CheckpointError naming the ranks that found one, since one rank
+/// starting afresh while another resumes would train two different models. Collective over group
+/// (one all-gather); call it before anything reads --resume.
+std::string resolve_auto_resume(const std::string& resume, const std::string& save_dir,
+                                fsdp::comm::ProcessGroup& group);
+
+/// --resume PATH ("latest": --save DIR; "auto" must be resolved first by resolve_auto_resume): loads the model shards, the optimizer state, the CPU
 /// generator and the loss scaler state, and returns the progress. Without --resume, and only
 /// then (the two are exclusive), --import-optimizer PATH: the optimizer state of a plain libtorch
 /// run (fsdp::checkpoint::import_optimizer), whose AdamW was built like make_optimizer builds

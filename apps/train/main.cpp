@@ -35,6 +35,7 @@
 #include "fsdp/accounting/budget.h"
 #include "fsdp/accounting/memory.h"
 #include "fsdp/comm/mpi_backend.h"
+#include "train/checkpointing.h"
 #include "train/dry_run.h"
 #include "train/errors.h"
 #include "train/failures.h"
@@ -66,6 +67,8 @@ int main(int argc, char** argv) {
       std::fputs(apps::train::format_dry_run(apps::train::run_dry_run(*config), *config).c_str(), stdout);
       return 0;
     }
+    // --resume auto: the newest checkpoint in --save, or a fresh start (a restarted job).
+    config->resume = apps::train::resolve_auto_resume(config->resume, config->save, *world);
     fsdp::accounting::install_counting_allocator();
     if (config->memory_budget_bytes > 0) fsdp::accounting::set_memory_budget(config->memory_budget_bytes, rank);
     const bool heap_retained = fsdp::accounting::retain_freed_heap_memory();

@@ -234,9 +234,10 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--keep", c.keep, "Keep only the newest K checkpoints in --save (0: keep all)")
       ->check(int_in(0, 1 << 20))->group("Checkpoints");
   app.add_option("--resume", c.resume,
-                 "Resume from a checkpoint directory, a directory of checkpoints (its latest), or "
-                 "'latest' (the latest in --save). Any world size. A missing or bad checkpoint is "
-                 "an error")
+                 "Resume from a checkpoint directory, a directory of checkpoints (its latest), "
+                 "'latest' (the latest in --save), or 'auto' (the latest in --save, or a fresh start "
+                 "when it holds none: for restarts under torchrun --max-restarts). Any world size. "
+                 "A missing or bad checkpoint is an error")
       ->group("Checkpoints");
   app.add_option("--export", c.export_path,
                  "After training, write the full state dict to this file (torch.load-able)")
@@ -330,8 +331,8 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
     if (c.save.empty() && (c.save_every > 0 || c.keep > 0)) {
       throw CLI::ValidationError("--save-every/--keep", "need --save DIR");
     }
-    if (c.resume == "latest" && c.save.empty()) {
-      throw CLI::ValidationError("--resume", "'latest' means the latest checkpoint in --save DIR: "
+    if ((c.resume == "latest" || c.resume == "auto") && c.save.empty()) {
+      throw CLI::ValidationError("--resume", "'" + c.resume + "' means the latest checkpoint in --save DIR: "
                                              "give --save, or a checkpoint path");
     }
     if (!c.import_optimizer_path.empty() && c.import_path.empty()) {
