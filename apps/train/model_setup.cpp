@@ -18,6 +18,7 @@
 
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "fsdp/optim/fused_adamw.h"
 #include "train/errors.h"
 
 namespace apps::train {
@@ -205,6 +206,9 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::shared_ptr<torch:
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(decay, adamw(c.weight_decay));
   groups.emplace_back(no_decay, adamw(0.0));
+  if (c.adamw_kernel == "fused") {
+    return std::make_unique<fsdp::optim::FusedAdamW>(std::move(groups), torch::optim::AdamWOptions(c.lr));
+  }
   return std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(c.lr));
 }
 

@@ -61,7 +61,8 @@ void check_identical_init(const torch::nn::Module& model, fsdp::comm::ProcessGro
 
 /// AdamW (--lr, --beta1, --beta2, eps 1e-8) over this rank's shards of the sharded model, in two
 /// groups: --weight-decay on the Linear weight matrices (Llama's untied lm_head included), none on
-/// biases, norm weights and the embedding tables (models::is_embedding_param). Not collective.
+/// biases, norm weights and the embedding tables (models::is_embedding_param). --adamw-kernel
+/// fused (the default) gives an fsdp::optim::FusedAdamW, libtorch a torch::optim::AdamW. Not collective.
 std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::shared_ptr<torch::nn::Module>& model,
                                                     const models::ModelConfig& model_config, const TrainConfig& c);
 

@@ -95,6 +95,7 @@ std::vector<Setting> shared_settings(const TrainConfig& c) {
       {"--weight-decay", exact(c.weight_decay)},
       {"--beta1", exact(c.beta1)},
       {"--beta2", exact(c.beta2)},
+      {"--adamw-kernel", c.adamw_kernel},
       {"--grad-clip", exact(c.grad_clip)},
       {"--seed", std::to_string(c.seed)},
       {"--on-nonfinite", c.on_nonfinite},

@@ -157,7 +157,7 @@ json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& 
       {"accumulation_steps", f.accumulation_steps}, {"seq_len", c.seq_len},
       {"tokens_per_step", c.global_batch_size * c.seq_len},
       {"steps", c.steps}, {"lr", c.lr}, {"min_lr", c.min_lr}, {"warmup_steps", c.warmup_steps},
-      {"weight_decay", c.weight_decay}, {"beta1", c.beta1}, {"beta2", c.beta2},
+      {"weight_decay", c.weight_decay}, {"beta1", c.beta1}, {"beta2", c.beta2}, {"adamw_kernel", c.adamw_kernel},
       {"grad_clip", c.grad_clip}, {"seed", c.seed},
       {"eval_every", c.eval_every}, {"eval_batches", c.eval_batches},
       {"sample_tokens", c.sample_tokens}, {"sample_prompt", c.sample_prompt},

@@ -166,6 +166,11 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       ->check(real_in(0, 1e3))->group("Optimisation");
   app.add_option("--beta1", c.beta1, "AdamW beta1")->check(real_below(0, 1))->group("Optimisation");
   app.add_option("--beta2", c.beta2, "AdamW beta2")->check(real_below(0, 1))->group("Optimisation");
+  app.add_option("--adamw-kernel", c.adamw_kernel,
+                 "fused: one vectorised pass per tensor (fsdp::optim::FusedAdamW, the kernel of "
+                 "torch.optim.AdamW(fused=True)); libtorch: torch::optim::AdamW's chain of element-wise "
+                 "ops. The same update to rounding; checkpoints of either resume under the other")
+      ->check(CLI::IsMember({"fused", "libtorch"}))->group("Optimisation");
   app.add_option("--grad-clip", c.grad_clip,
                  "Max global L2 norm of the gradient (fsdp::clip_grad_norm); 0: no clipping")
       ->check(real_in(0, 1e12))->group("Optimisation");

@@ -69,6 +69,7 @@ struct TrainConfig {
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
+  std::string adamw_kernel = "fused";  ///< "fused" (fsdp::optim::FusedAdamW) or "libtorch"
   double grad_clip = 1.0;  ///< max global grad norm; 0 disables clipping (the norm is still reported)
   uint64_t seed = 1337;
   /// A NaN or inf loss or gradient norm on any rank: "stop" (exit 1 naming the step and ranks,

@@ -16,6 +16,7 @@
 #include "fsdp/common/check.h"
 #include "fsdp/common/cpu_info.h"
 #include "fsdp/optim/clip.h"
+#include "fsdp/optim/fused_adamw.h"
 #include "fsdp/precision/grad_scaler.h"
 #include "fsdp/runtime/activation_checkpoint.h"
 #include "fsdp/runtime/dry_run.h"

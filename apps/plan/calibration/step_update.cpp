@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "fsdp/optim/clip.h"
+#include "fsdp/optim/fused_adamw.h"
 #include "plan/calibration/rank_values.h"
 
 namespace apps::plan::calibration {
@@ -31,7 +32,8 @@ std::vector<fp::UpdatePoint> step_update_points(fp::OptimizerKind kind, WorkTime
     }
     std::unique_ptr<torch::optim::Optimizer> opt;
     if (kind == fp::OptimizerKind::kAdamW) {
-      opt = std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-4));
+      // fsdp-train's default optimizer (--adamw-kernel fused): the rate it will see.
+      opt = std::make_unique<fsdp::optim::FusedAdamW>(params, torch::optim::AdamWOptions(1e-4));
     } else {
       opt = std::make_unique<torch::optim::SGD>(
           params, torch::optim::SGDOptions(1e-4).momentum(kind == fp::OptimizerKind::kSgdMomentum ? 0.9 : 0.0));
