@@ -14,7 +14,13 @@ AdamW, grad clip 1.0, 1 intra-op thread per rank):
   (--peers fsdp2,ddp,zero adds ZeroRedundancyOptimizer; --peers ...,deepspeed adds DeepSpeed ZeRO
    stages 1, 2 and 3 (ds1, ds2, ds3; each can be named alone), installed by bench/setup.sh;
    --ours full_shard,full_shard@yield adds a run of fsdp-train under Open MPI's --mca
-   mpi_yield_when_idle 1)
+   mpi_yield_when_idle 1; full_shard@libtorch-adamw one with --adamw-kernel libtorch)
+  plain             --peers ...,plain: N independent processes of the plain libtorch loop
+                    (bench/cpp/plain_loop.cpp: same model and AdamW, no FSDP; fp32), G/N sequences
+                    each, their tokens/s added: at N = 1 the loop fsdp-train should cost what it costs
+  indep             --peers ...,indep: N independent single-rank fsdp-train full_shard processes,
+                    G/N sequences each, tokens/s added: the independent-process limit of N ranks on
+                    this machine (what N = 2 should reach when communication is free)
 
 --mixed-precision bf16 (default fp32) runs fsdp-train --mixed-precision bf16 (bf16 unsharded params,
 all-gathers and gradient reduction, fp32 master weights and AdamW state) against the matching
@@ -47,6 +53,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Peers that are N independent single-rank processes (G/N sequences each), not one job of N ranks.
+INDEPENDENT = ("plain", "indep")
 ROOT = os.path.dirname(HERE)
 
 
@@ -90,11 +98,13 @@ class Runner:
         metrics = os.path.join(run_dir, "metrics.jsonl")
         if impl.startswith("ours-"):
             strategy, _, variant = impl[len("ours-"):].partition("@")
-            mca = []
+            mca, extra = [], []
             if variant == "yield":  # Open MPI: blocking calls sched_yield() while they poll
                 mca = ["--mca", "mpi_yield_when_idle", "1"]
+            elif variant == "libtorch-adamw":  # torch::optim::AdamW instead of the fused kernel
+                extra = ["--adamw-kernel", "libtorch"]
             elif variant:
-                raise SystemExit(f"unknown variant @{variant} (known: @yield)")
+                raise SystemExit(f"unknown variant @{variant} (known: @yield, @libtorch-adamw)")
             return [a.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", *mca,
                     "-x", "OMP_NUM_THREADS", "-x", "MKL_NUM_THREADS", "-n", str(n),
                     sys.executable, os.path.join(HERE, "rusage_exec.py"), run_dir, "--",
@@ -103,7 +113,7 @@ class Runner:
                     "--steps", str(a.steps), "--threads", str(a.threads),
                     "--warmup-steps", "20", "--eval-every", "0", "--eval-batches", "1",
                     "--data-dir", a.data_dir, "--progress", "lines", "--metrics", metrics,
-                    "--mixed-precision", a.mixed_precision]
+                    "--mixed-precision", a.mixed_precision, *extra]
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
                 "--master_port", str(29500 + (os.getpid() % 500)),
                 os.path.join(HERE, "peer_train.py"), "--impl", impl, "--model", preset,
@@ -111,16 +121,77 @@ class Runner:
                 "--steps", str(a.steps), "--threads", str(a.threads), "--warmup-steps", "20",
                 "--quiet", "--metrics", metrics, "--mixed-precision", a.mixed_precision]
 
+    def independent_cmd(self, impl, preset, n, i, run_dir):
+        """Process i of the N independent single-rank processes of `plain` or `indep` (G/N each)."""
+        a = self.a
+        metrics = os.path.join(run_dir, f"metrics_{i}.jsonl")
+        g = str(a.global_batch_size // n)
+        wrap = [sys.executable, os.path.join(HERE, "rusage_exec.py"), run_dir, "--"]
+        if impl == "plain":
+            return wrap + [a.plain_binary, "--model", preset, "--global-batch-size", g,
+                           "--seq-len", str(a.seq_len), "--steps", str(a.steps),
+                           "--threads", str(a.threads), "--metrics", metrics, "--seed", str(1337 + i)]
+        # The wrapper outside mpirun: wait4's ru_maxrss is then the largest of its descendants
+        # (fsdp-train), and RANK=i names its file.
+        return wrap + [a.mpirun, "--allow-run-as-root", "--bind-to", "none", "-x", "OMP_NUM_THREADS",
+                "-x", "MKL_NUM_THREADS", "-n", "1", a.binary, "--model", preset,
+                "--strategy", "full_shard", "--global-batch-size", g, "--seq-len", str(a.seq_len),
+                "--steps", str(a.steps), "--threads", str(a.threads), "--warmup-steps", "20",
+                "--eval-every", "0", "--eval-batches", "1", "--data-dir", a.data_dir,
+                "--progress", "lines", "--metrics", metrics, "--mixed-precision", a.mixed_precision,
+                "--seed", str(1337 + i)]
+
+    def run_independent(self, impl, preset, n, run_dir):
+        """N processes at once, G/N sequences each; their step k counts as one step of G
+        sequences taking G*T / (sum over processes of tokens / step_time_s): the aggregate
+        tokens/s of the independent-process limit. Writes run_dir/metrics.jsonl in fsdp-train's
+        format; returns (exit code, combined log)."""
+        env = [dict(self.env, RANK=str(i)) for i in range(n)]
+        cmds = [self.independent_cmd(impl, preset, n, i, run_dir) for i in range(n)]
+        with open(os.path.join(run_dir, "cmd.txt"), "w") as f:
+            f.write("".join(" ".join(c) + " &\n" for c in cmds))
+        procs = [subprocess.Popen(c, cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True) for c, e in zip(cmds, env)]
+        outs, rc = [], 0
+        for p in procs:
+            try:
+                out, _ = p.communicate(timeout=self.a.run_timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+            outs.append(out)
+            rc = rc or p.returncode
+        per = []
+        for i in range(n):
+            path = os.path.join(run_dir, f"metrics_{i}.jsonl")
+            per.append([e for e in read_jsonl(path) if e.get("event") == "step"] if os.path.exists(path) else [])
+        steps = []
+        for k in range(min(len(s) for s in per)):
+            rate = sum(s[k]["tokens"] / s[k]["step_time_s"] for s in per)
+            tokens = sum(s[k]["tokens"] for s in per)
+            mem = {key: sum(s[k]["mem"].get(key) or 0 for s in per) for key in per[0][k]["mem"]
+                   if isinstance(per[0][k]["mem"].get(key), (int, float))}
+            steps.append({"event": "step", "step": per[0][k]["step"], "tokens": tokens,
+                          "step_time_s": tokens / rate, "mem": mem,
+                          "loss": statistics.mean(s[k]["loss"] for s in per)})
+        with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+            f.writelines(json.dumps(e) + "\n" for e in steps + [{"event": "end"}])
+        return rc, "".join(f"--- process {i}\n{o}" for i, o in enumerate(outs))
+
     def run(self, impl, preset, n, rep):
         run_dir = os.path.join(self.a.out, f"{preset}_n{n}_{impl}_r{rep}")
         shutil.rmtree(run_dir, ignore_errors=True)
         os.makedirs(run_dir)
-        cmd = self.cmd(impl, preset, n, run_dir)
-        with open(os.path.join(run_dir, "cmd.txt"), "w") as f:
-            f.write(" ".join(cmd) + "\n")
         t0 = time.time()
-        p = subprocess.run(cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, timeout=self.a.run_timeout)
+        if impl in INDEPENDENT:
+            rc, stdout = self.run_independent(impl, preset, n, run_dir)
+            p = subprocess.CompletedProcess([], rc, stdout)
+        else:
+            cmd = self.cmd(impl, preset, n, run_dir)
+            with open(os.path.join(run_dir, "cmd.txt"), "w") as f:
+                f.write(" ".join(cmd) + "\n")
+            p = subprocess.run(cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=self.a.run_timeout)
         with open(os.path.join(run_dir, "log.txt"), "w") as f:
             f.write(p.stdout)
         wall = time.time() - t0
@@ -212,10 +283,11 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     ap.add_argument("--mixed-precision", choices=["fp32", "bf16"], default="fp32",
                     help="precision of every implementation (see above)")
-    ap.add_argument("--peers", default="fsdp2,ddp", help="peer impls: fsdp2,ddp,zero,deepspeed (= ds1,ds2,ds3)")
+    ap.add_argument("--peers", default="fsdp2,ddp", help="peer impls: fsdp2,ddp,zero,deepspeed (= ds1,ds2,ds3),plain,indep")
     ap.add_argument("--ours", default="full_shard,no_shard",
                     help="fsdp-train strategies; STRATEGY@yield adds --mca mpi_yield_when_idle 1")
     ap.add_argument("--binary", default=os.path.join(ROOT, "build-bench", "bin", "fsdp-train"))
+    ap.add_argument("--plain-binary", default=os.path.join(ROOT, "build-bench", "bin", "fsdp-plain-loop"))
     ap.add_argument("--data-dir", default=os.path.join(ROOT, "data"))
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--out", default=None)
@@ -258,6 +330,11 @@ def main():
     peer_list = []
     for x in a.peers.split(","):
         peer_list += ["ds1", "ds2", "ds3"] if x == "deepspeed" else ([x] if x else [])
+    if "plain" in peer_list and a.mixed_precision != "fp32":
+        peer_list.remove("plain")
+        notes.append("plain skipped: the plain libtorch loop is fp32 only (bench/cpp/plain_loop.cpp)")
+    if "plain" in peer_list and not os.access(a.plain_binary, os.X_OK):
+        sys.exit(f"--peers plain: no fsdp-plain-loop at {a.plain_binary} (build the target fsdp-plain-loop)")
     if any(p.startswith("ds") for p in peer_list):
         try:
             import deepspeed  # noqa: F401
