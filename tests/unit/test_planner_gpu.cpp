@@ -2,7 +2,7 @@
 // 8 and 64 nodes in closed form, NICs fewer than GPUs and shared by hybrid's replica groups, the
 // old single-ring model kept for profiles without adapters, nccl-tests' bus bandwidth, FLOPs of a
 // Llama and a GPT shape against a hand count with and without recompute, MFU and HFU, the
-// published efficiency figures and the profile file's optional keys.
+// published efficiency figures, the overlap of a GPU step and the profile file's optional keys.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 
 #include "fsdp/common/check.h"
 #include "fsdp/planner/activations.h"
+#include "fsdp/planner/memory.h"
 #include "fsdp/planner/time_model.h"
 #include "planner_test_helpers.h"
 
@@ -241,4 +242,43 @@ TEST(PlannerProfileFile, NewKeysAreOptionalAndRoundTrip) {
   bad = nlohmann::json::parse(fp::profile_to_json(h100));
   bad["network"]["nic"] = 1;
   EXPECT_THROW(fp::profile_from_json(bad.dump()), fsdp::Error);
+}
+
+TEST(PlannerOverlap, OnlyTheFirstGathersAndTheLastReductionsAreExposed) {
+  // Llama 3.1 8B, full_shard on one node of 8 H100s, 2 x 8192 tokens: every block's forward (~20 ms)
+  // and backward (~40 ms) outlast its all-gather (~0.9 ms) and reduce-scatter. With the update and
+  // the engine's copies made free, what the step exposes is: the root's all-gather and block 1's
+  // (the root's lookups compute nothing to hide them), the last block's all-gather again at the
+  // start of backward (it was resharded after forward), block 1's reduce-scatter and the root's
+  // (nothing computes after them), and the finite-check and grad-norm all-reduces. Every other
+  // all-gather is prefetched one unit ahead and every other reduce-scatter runs behind the next
+  // unit's backward.
+  fp::LlamaShape sh = fp::llama_shape("llama2-7b");
+  sh.n_kv_head = 8;
+  sh.ffn_hidden = 14336;
+  sh.vocab_size = 128256;
+  sh.context = 8192;
+  const fp::ModelSpec m = fp::llama_model(sh);
+  fp::DeviceProfile p = fp::builtin_profile("h100");
+  p.memory_copy_bytes_per_s = 1e18;
+  p.step_update_s_per_elem_adamw = 0;
+  fp::StepSetup st;
+  st.precision = fp::Precision::kBf16;
+  st.micro_batch_size = 2;
+  st.seq_len = 8192;
+  const fp::Parallelism pr = par(S::kFullShard, 8, 0, 8);
+  const fp::GroupPlacement node = fp::group_placement(pr, fp::GroupKind::kShard);
+  const int64_t L = m.num_blocks();
+  auto ag = [&](int64_t u) {
+    return fp::collective_time_s(p, CollKind::kAllGather, 2 * fp::unit_numbers(m.units[u], 8, 0).gathered_numel, node);
+  };
+  auto rs = [&](int64_t u) {
+    return fp::collective_time_s(p, CollKind::kReduceScatter, 2 * fp::unit_numbers(m.units[u], 8, 0).reduce_numel, node);
+  };
+  const double flags = fp::collective_time_s(p, CollKind::kAllReduce, 8 * 8, node) +
+                       fp::collective_time_s(p, CollKind::kAllReduce, 16, node);
+  const fp::StepTime t = fp::estimate_step_time(m, pr, st, p);
+  EXPECT_LT(ag(1) + rs(1), 0.1 * t.compute_s / static_cast<double>(3 * L)) << "the premise: collectives well below a block";
+  EXPECT_NEAR(t.exposed_comm_s, ag(0) + ag(1) + ag(L) + rs(1) + rs(0) + flags, 1e-6);
+  EXPECT_NEAR(t.step_s, t.compute_s + t.exposed_comm_s, 1e-6);
 }
