@@ -128,6 +128,9 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
   app.add_flag("--activation-checkpointing", f.activation_checkpointing,
                "Keep only each block's input in forward and recompute the block in backward")
       ->group("Step");
+  app.add_option("--checkpoint-every", f.checkpoint_every,
+                 "With --activation-checkpointing: checkpoint only blocks k, 2k, ... (per-block selective; 1: all)")
+      ->check(CLI::PositiveNumber)->group("Step");
 
   app.add_option("--profile", f.profile, "Device profile: h100, a100 (datasheet figures) or a file from --calibrate")
       ->group("Machine");
@@ -137,8 +140,12 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
                  "Share of the memory per rank kept free: a strategy fits when its peak <= (1 - headroom) x memory")
       ->check(CLI::Range(0.0, 0.99))->group("Machine");
   app.add_option("--compute-efficiency", f.compute_efficiency,
-                 "Fraction of the profile's matmul rates a step reaches (default: the profile's, 1 for datasheets)")
+                 "Fraction of the profile's matmul rates a step reaches (default: the profile's; h100 and a100: "
+                 "published training MFU for bf16/fp16, 1 for fp32)")
       ->check(CLI::Range(fp::kMinComputeEfficiency, 1.0))->group("Machine");
+  app.add_option("--nics-per-node", f.nics_per_node,
+                 "Network adapters per node for collectives across nodes (default: the profile's; h100 and a100: 8)")
+      ->check(CLI::PositiveNumber)->group("Machine");
   app.add_option("--rank", f.rank, "Whose bytes to report (rank 0 holds the most real rows)")
       ->check(non_negative)->group("Machine");
 
@@ -242,6 +249,11 @@ fp::PlanInputs resolve_inputs(const PlanFlags& f) {
     st.bucket_cap_bytes = static_cast<int64_t>(*f.bucket_cap_mb * 1024 * 1024);
   }
   st.activation_checkpointing = f.activation_checkpointing;
+  if (f.checkpoint_every != 1 && !f.activation_checkpointing) {
+    throw UsageError("--checkpoint-every " + std::to_string(f.checkpoint_every) +
+                     " needs --activation-checkpointing (it picks which blocks are checkpointed)");
+  }
+  st.checkpoint_every = f.checkpoint_every;
   // Sequence length: as fsdp-train (128) for its GPTs, the full context for Llama-2.
   const fp::Architecture& a = in.model.arch;
   int64_t seq = f.seq_len;
@@ -283,6 +295,14 @@ fp::PlanInputs resolve_inputs(const PlanFlags& f) {
                        " model rate (from --calibrate), which is already what a step reaches");
     }
     in.profile.compute_efficiency = *f.compute_efficiency;
+    // The user's own figure wins over the profile's published ones.
+    in.profile.achieved_efficiency_fp32 = in.profile.achieved_efficiency_bf16 = in.profile.achieved_efficiency_fp16 = 0;
+  }
+  if (f.nics_per_node) {
+    if (in.profile.nics_per_node == 0) {
+      in.profile.collective_base_latency_s = 0;  // a profile without the NCCL model states no fixed cost
+    }
+    in.profile.nics_per_node = *f.nics_per_node;
   }
   if (!f.memory_per_rank.empty()) {
     try {

@@ -39,11 +39,13 @@ struct PlanFlags {
   int64_t micro_batch_size = 0;   ///< 0: global / world size, or 1
   int64_t seq_len = 0;            ///< 0: 128 for GPT presets (fsdp-train's default), the context for Llama-2
   bool activation_checkpointing = false;
+  int64_t checkpoint_every = 1;  ///< with --activation-checkpointing: every k-th block only
   // Machine
   std::string profile = "h100";
   std::string memory_per_rank;  ///< "80GB"; "" = the profile's
   double headroom = fsdp::planner::kDefaultHeadroom;
   std::optional<double> compute_efficiency;
+  std::optional<int64_t> nics_per_node;  ///< unset: the profile's
   int64_t rank = 0;
   // Output
   bool json = false;

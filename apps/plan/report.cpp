@@ -99,7 +99,8 @@ std::string format_plan(const fp::Plan& p) {
   os << "; micro-batch " << st.micro_batch_size << " x " << st.seq_len << " tokens, accumulation "
      << st.accumulation_steps << " (global batch " << N * st.accumulation_steps * st.micro_batch_size
      << " sequences, " << count(N * st.accumulation_steps * st.micro_batch_size * st.seq_len) << " tokens/step)"
-     << (st.activation_checkpointing ? ", activation checkpointing" : "") << "\n";
+     << (st.activation_checkpointing ? ", activation checkpointing" : "")
+     << (st.checkpoint_every > 1 ? " of every " + std::to_string(st.checkpoint_every) + "th block" : "") << "\n";
   os << "  profile " << in.profile.name << (in.profile.description.empty() ? "" : ": " + in.profile.description) << "\n";
   os << "  memory per rank " << b(static_cast<double>(p.memory_per_rank_bytes)) << ", usable "
      << b(static_cast<double>(p.usable_bytes)) << " (" << num(in.headroom * 100, "%.0f") << "% headroom); bytes of rank "
@@ -123,7 +124,7 @@ std::string format_plan(const fp::Plan& p) {
      << mem.str() << "\n";
 
   Table t({"strategy", "all-gather", "reduce-scatter", "all-reduce", "sent/rank", "compute", "update", "copies", "comm",
-           "exposed", "step", "tokens/s"});
+           "exposed", "step", "tokens/s", "per rank", "MFU", "HFU"});
   auto kind = [](const fp::KindTotals& k) {
     return k.calls == 0 ? std::string("-") : std::to_string(k.calls) + " x, " + fp::format_bytes(static_cast<double>(k.logical_bytes));
   };
@@ -131,11 +132,14 @@ std::string format_plan(const fp::Plan& p) {
     t.add({s.parallelism.label(), kind(s.traffic.all_gather), kind(s.traffic.reduce_scatter), kind(s.traffic.all_reduce),
            b(s.traffic.wire_bytes()), seconds(s.time.compute_s), seconds(s.time.update_s), seconds(s.time.copy_s),
            seconds(s.time.comm_s), seconds(s.time.exposed_comm_s),
-           seconds(s.time.step_s), num(s.time.tokens_per_s, "%.3g")});
+           seconds(s.time.step_s), num(s.time.tokens_per_s, "%.3g"),
+           num(s.time.tokens_per_s / static_cast<double>(N), "%.4g"), num(100 * s.time.mfu, "%.1f%%"),
+           num(100 * s.time.hfu, "%.1f%%")});
   }
   os << "Traffic per step (calls, logical bytes as CommStats counts them; sent/rank: ring bytes each rank sends) and "
         "estimated time (compute: forward + backward; update: grad norm and clip, optimizer step, zeroing; copies: "
-        "the engine's casts, unshard and gradient copies)\n"
+        "the engine's casts, unshard and gradient copies; MFU, HFU: model FLOPs (no recompute) and hardware FLOPs "
+        "(recompute included) per second over the profile's matmul peak)\n"
      << t.str();
   if (!p.strategies.empty() && !p.strategies.front().peak.activations_known) {
     os << "(a parameter-count model: no activations; FLOPs 6 x params x tokens)\n";

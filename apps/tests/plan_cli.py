@@ -7,6 +7,8 @@
         --json output and in the terminal table;
       * Llama-2-13B on 64 H100s: a recommendation that is not DDP (13B x 16 B = 208 GB > 80 GB),
         whose reason the output states;
+      * Llama 3.1 8B on 8 and 128 H100s (issue 32): MFU < HFU < the published 0.405, HFU / MFU the
+        recompute ratio, --compute-efficiency replacing the figure;
       * bad flags exit 2 with one line "fsdp-plan: error: ..." on stderr;
       * --calibrate under mpirun -n 2 writes a profile that --profile reads back, with the step
         update's seconds per tensor by size (skipped without mpirun); with 2 threads per rank on
@@ -79,9 +81,29 @@ def llama13b_on_64_h100(bin_path):
     check("why: " + r["reason"] in text, "the table states the reason")
 
 
+def llama3_8b_on_h100s(bin_path):
+    """The README's GPU example (issue 32): torchtitan's Llama 3.1 8B FSDP run on 8 and 128 H100s.
+    The plan runs the matmuls at the published 40.5% of the bf16 peak, so HFU stays below 0.405
+    and above MFU (the recompute counts in HFU only); --compute-efficiency replaces the figure;
+    --checkpoint-every needs --activation-checkpointing."""
+    args = ["--model", "llama2-7b", "--n-kv-head", "8", "--ffn-hidden", "14336", "--vocab-size", "128256",
+            "--block-size", "8192", "--seq-len", "8192", "--micro-batch-size", "2", "--ranks-per-node", "8",
+            "--strategy", "full_shard", "--mixed-precision", "bf16", "--activation-checkpointing", "--profile", "h100",
+            "--memory-per-rank", "96GB", "--json"]
+    for n in ("8", "128"):
+        t = json.loads(plan(bin_path, *args, "--world-size", n).stdout)["strategies"][0]["time"]
+        check(0 < t["mfu"] < t["hfu"] < 0.405, f"N = {n}: MFU {t['mfu']} < HFU {t['hfu']} < 0.405")
+        check(abs(t["hfu"] / t["mfu"] - t["flops"] / t["model_flops"]) < 1e-9, f"N = {n}: HFU / MFU = recompute ratio")
+    full = json.loads(plan(bin_path, *args, "--world-size", "8", "--compute-efficiency", "1").stdout)
+    check(full["strategies"][0]["time"]["hfu"] > 0.405, "--compute-efficiency 1 replaces the published figure")
+    p = plan(bin_path, "--model", "micro", "--checkpoint-every", "2", expect_rc=2)
+    check("needs --activation-checkpointing" in p.stderr, f"--checkpoint-every alone refused: {p.stderr!r}")
+
+
 def usage_errors(bin_path):
     for args in (["--world-size", "0"], ["--strategy", "zero9"], ["--model", "gpt5"],
-                 ["--memory-per-rank", "eighty"], ["--strategy", "full_shard", "--hybrid-shard-group-size", "2"]):
+                 ["--memory-per-rank", "eighty"], ["--strategy", "full_shard", "--hybrid-shard-group-size", "2"],
+                 ["--checkpoint-every", "0"], ["--nics-per-node", "0"]):
         p = plan(bin_path, *args, expect_rc=2)
         lines = p.stderr.strip().splitlines()
         check(len(lines) == 1 and lines[0].startswith("fsdp-plan: error:"),
@@ -251,6 +273,7 @@ def main():
     a = ap.parse_args()
     headline(a.bin)
     llama13b_on_64_h100(a.bin)
+    llama3_8b_on_h100s(a.bin)
     usage_errors(a.bin)
     under_mpirun(a.bin)
     dry_run_vocab(a.bin, a.train_bin)

@@ -95,8 +95,10 @@ ActivationModel activation_model(const ModelSpec& model, const StepSetup& setup)
   m.root_bytes = sum(m.root);
   m.root_lookup_bytes = A.kind == BlockKind::kGpt ? BT * 8 + T * 8 : BT * 8;
   m.loss_transient_bytes = 2 * BT * V * 4;
-  const int64_t per_block = setup.activation_checkpointing ? m.checkpointed_block_bytes : m.block_bytes;
-  m.total_saved_bytes = A.n_layer * per_block + m.root_bytes;
+  m.total_saved_bytes = m.root_bytes;
+  for (int64_t b = 1; b <= A.n_layer; ++b) {
+    m.total_saved_bytes += setup.checkpoints_block(b) ? m.checkpointed_block_bytes : m.block_bytes;
+  }
   return m;
 }
 

@@ -194,7 +194,10 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
   auto lookup_transient = [&](bool earlier) {
     return (arch.tied_head ? 2 * lookup_grad : 0) + (earlier ? lookup_grad : 0);
   };
-  const int64_t saved_per_block = setup.activation_checkpointing ? act.checkpointed_block_bytes : act.block_bytes;
+  // What block j keeps from its forward to its backward (its input only where it is checkpointed).
+  auto saved_by_block = [&](int64_t j) {
+    return setup.checkpoints_block(j) ? act.checkpointed_block_bytes : act.block_bytes;
+  };
 
   PeakBytes best;
   Moments moments(&best);
@@ -231,7 +234,9 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
     }
     m.unsharded_grad_bytes = grads;
     m.sharded_grad_bytes = reduced;
-    m.activation_bytes = act.root_lookup_bytes + (b - 1) * saved_per_block + act.block_bytes;
+    int64_t saved_before = 0;
+    for (int64_t j = 1; j < b; ++j) saved_before += saved_by_block(j);
+    m.activation_bytes = act.root_lookup_bytes + saved_before + act.block_bytes;
     moments.consider(m);
     if (ddp) {
       ddp_buffers += reduce_buffers(b);

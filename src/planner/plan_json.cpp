@@ -57,7 +57,10 @@ json strategy_json(const StrategyPlan& s) {
                {"copy_s", s.time.copy_s},
                {"exposed_comm_s", s.time.exposed_comm_s},
                {"step_s", s.time.step_s},
-               {"tokens_per_s", s.time.tokens_per_s}};
+               {"tokens_per_s", s.time.tokens_per_s},
+               {"model_flops", s.time.model_flops},
+               {"mfu", s.time.mfu},
+               {"hfu", s.time.hfu}};
   return j;
 }
 
@@ -96,6 +99,7 @@ std::string plan_to_json(const Plan& plan) {
                  {"global_batch_size", in.world_size * st.accumulation_steps * st.micro_batch_size},
                  {"tokens_per_step", in.world_size * st.accumulation_steps * st.micro_batch_size * st.seq_len},
                  {"activation_checkpointing", st.activation_checkpointing},
+                 {"checkpoint_every", st.checkpoint_every},
                  {"forward_prefetch", st.forward_prefetch},
                  {"backward_prefetch", st.backward_prefetch},
                  {"max_unsharded_units", st.max_unsharded_units},

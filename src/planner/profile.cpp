@@ -51,12 +51,22 @@ double DeviceProfile::model_flops_per_s(Precision p) const {
   return model_flops_per_s_fp32;
 }
 
+double DeviceProfile::peak_flops_per_s(Precision p) const {
+  if (p == Precision::kBf16) return matmul_flops_per_s_bf16;
+  if (p == Precision::kFp16) return matmul_flops_per_s_fp16;
+  return matmul_flops_per_s_fp32;
+}
+
+double DeviceProfile::efficiency(Precision p) const {
+  double achieved = achieved_efficiency_fp32;
+  if (p == Precision::kBf16) achieved = achieved_efficiency_bf16;
+  if (p == Precision::kFp16) achieved = achieved_efficiency_fp16;
+  return achieved > 0 ? achieved : compute_efficiency;
+}
+
 double DeviceProfile::flops_per_s(Precision p) const {
   if (const double m = model_flops_per_s(p); m > 0) return m;
-  double r = matmul_flops_per_s_fp32;
-  if (p == Precision::kBf16) r = matmul_flops_per_s_bf16;
-  if (p == Precision::kFp16) r = matmul_flops_per_s_fp16;
-  return r * compute_efficiency;
+  return peak_flops_per_s(p) * efficiency(p);
 }
 
 bool DeviceProfile::has_measured_points() const {

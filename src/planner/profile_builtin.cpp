@@ -12,17 +12,29 @@ namespace {
 // half. InfiniBand: one single-port adapter per GPU (DGX), its line rate in bytes. Matmul rates
 // are the dense Tensor Core peaks (the datasheets print them "with sparsity", twice the dense
 // figure), fp32 the non-tensor FP32 peak (PyTorch runs fp32 matmuls without TF32 by default).
-// The per-step latencies alpha are not datasheet figures: they are assumed (typical of NCCL's
-// small-message latency) and say so in `sources`.
+// The latencies are NCCL's own cost model for its Simple protocol (the one large messages use):
+// a fixed cost per collective and one per ring step on NVLink or on the network. The achieved
+// efficiency per precision is the published MFU of dense transformer training on that GPU (bf16;
+// fp16 runs on the same Tensor Core peak and takes the bf16 figure; fp32 has no published figure
+// and stays at the peak, a lower bound on the step). [Note: collectives across nodes] in
+// time_model.cpp for how the NICs are used.
+constexpr double kNcclBaseLatencyS = 8.4e-6, kNcclNvlinkHopS = 3.4e-6, kNcclNetHopS = 9.6e-6;
+const char* const kNcclLatencySource =
+    "NCCL's tuning model (NVIDIA/nccl, src/graph/tuning.cc), Simple protocol, ring: 8.4 us per collective, "
+    "3.4 us per NVLink step, 9.6 us per network step (the latencies used here); one ring per NIC "
+    "(NCCL documentation, 'NCCL_CROSS_NIC', 'NCCL_MIN_NCHANNELS'; nccl-tests doc/PERFORMANCE.md for bus bandwidth)";
+
 DeviceProfile dgx(const std::string& name) {
   DeviceProfile p;
   p.name = name;
   p.ranks_per_node = 8;
+  p.nics_per_node = 8;  // one single-port adapter per GPU (DGX A100 and H100 datasheets)
+  p.collective_base_latency_s = kNcclBaseLatencyS;
   p.memory_bytes = 80'000'000'000;  // the datasheets' "80GB"
   LinkProfile nvlink, ib;
   double hbm_bytes_per_s = 0.0;
-  nvlink.alpha_s = 2e-6;
-  ib.alpha_s = 6e-6;
+  nvlink.alpha_s = kNcclNvlinkHopS;
+  ib.alpha_s = kNcclNetHopS;
   if (name == "h100") {
     p.description = "DGX H100 node: 8 x H100 SXM5 80GB, NVLink 4 + NVSwitch, 8 x 400 Gb/s InfiniBand";
     p.sources = {
@@ -31,14 +43,16 @@ DeviceProfile dgx(const std::string& name) {
         "(bidirectional: 450 GB/s per direction used here)",
         "NVIDIA DGX H100 datasheet: 8 x H100, 4 x NVSwitch, 8 x single-port ConnectX-7 VPI up to "
         "400 Gb/s InfiniBand (one per GPU: 50 GB/s per direction used here)",
-        "alpha (latency per ring step) 2 us within a node, 6 us between nodes: assumed, not from a "
-        "datasheet"};
+        kNcclLatencySource,
+        "achieved efficiency bf16 (and fp16) 0.405: Llama 3 paper (Llama Team, 'The Llama 3 Herd of Models', "
+        "2024, table 4: 38-43% BF16 MFU training on 8,192-16,384 H100 GPUs; the midpoint)"};
     p.sources.push_back("NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: GPU memory bandwidth 3.35TB/s (the step "
                         "update's time: its bytes per element at this rate; the engine's copies at this rate)");
     hbm_bytes_per_s = 3.35e12;
     p.matmul_flops_per_s_fp32 = 67e12;
     p.matmul_flops_per_s_bf16 = 989.5e12;
     p.matmul_flops_per_s_fp16 = 989.5e12;
+    p.achieved_efficiency_bf16 = p.achieved_efficiency_fp16 = 0.405;
     nvlink.bandwidth_bytes_per_s = 450e9;
     ib.bandwidth_bytes_per_s = 50e9;
   } else {
@@ -49,14 +63,16 @@ DeviceProfile dgx(const std::string& name) {
         "300 GB/s per direction used here)",
         "NVIDIA DGX A100 datasheet: 8 x A100 80GB, 6 x NVSwitch, 8 x single-port ConnectX-6 VPI "
         "200 Gb/s HDR InfiniBand (one per GPU: 25 GB/s per direction used here)",
-        "alpha (latency per ring step) 2 us within a node, 6 us between nodes: assumed, not from a "
-        "datasheet"};
+        kNcclLatencySource,
+        "achieved efficiency bf16 (and fp16) 0.52: Narayanan et al., 'Efficient Large-Scale Language Model "
+        "Training on GPU Clusters Using Megatron-LM', SC 2021 (52% of the A100's peak, 163 TFLOP/s per GPU)"};
     p.sources.push_back("NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM: GPU memory bandwidth 2,039GB/s (the "
                         "step update's time: its bytes per element at this rate; the engine's copies at this rate)");
     hbm_bytes_per_s = 2.039e12;
     p.matmul_flops_per_s_fp32 = 19.5e12;
     p.matmul_flops_per_s_bf16 = 312e12;
     p.matmul_flops_per_s_fp16 = 312e12;
+    p.achieved_efficiency_bf16 = p.achieved_efficiency_fp16 = 0.52;
     nvlink.bandwidth_bytes_per_s = 300e9;
     ib.bandwidth_bytes_per_s = 25e9;
   }

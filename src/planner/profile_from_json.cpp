@@ -134,6 +134,24 @@ void read_machine(const json& j, DeviceProfile& p) {
   p.compute_efficiency = j.contains("compute_efficiency")
                              ? number_in_range(j, "compute_efficiency", "", kMinComputeEfficiency, 1.0)
                              : 1.0;
+  if (j.contains("achieved_efficiency")) {  // optional: none published (0)
+    const json& a = typed<json>(j, "achieved_efficiency", "");
+    only_known_keys(a, "achieved_efficiency", {"fp32", "bf16", "fp16"});
+    double* figures[] = {&p.achieved_efficiency_fp32, &p.achieved_efficiency_bf16, &p.achieved_efficiency_fp16};
+    const char* keys[] = {"fp32", "bf16", "fp16"};
+    for (int k = 0; k < 3; ++k) {
+      if (!a.contains(keys[k])) continue;
+      const double v = typed<double>(a, keys[k], "achieved_efficiency");
+      require(v == 0.0 || (v >= kMinComputeEfficiency && v <= 1.0), "achieved_efficiency.", keys[k],
+              " must be 0 (none) or in [", kMinComputeEfficiency, ", 1], got ", shortened(a.at(keys[k])));
+      *figures[k] = v;
+    }
+    const bool any = p.achieved_efficiency_fp32 > 0 || p.achieved_efficiency_bf16 > 0 || p.achieved_efficiency_fp16 > 0;
+    require(!any || p.compute_efficiency == 1.0,
+            "achieved_efficiency and a compute_efficiency below 1 are two figures for one rate: keep one (got "
+            "compute_efficiency ",
+            p.compute_efficiency, ")");
+  }
   if (j.contains("model_flops_per_s")) {
     const json& mf = typed<json>(j, "model_flops_per_s", "");
     only_known_keys(mf, "model_flops_per_s", {"fp32", "bf16", "fp16"});
@@ -171,6 +189,17 @@ void read_cores(const json& j, DeviceProfile& p) {
   require(!(p.compute_oversubscribed && p.comm_overlaps_compute),
           "compute_oversubscribed true needs comm_overlaps_compute false (compute that needs more cores than the "
           "node has leaves none to communication)");
+}
+
+// network (optional; absent: one ring over the nodes, nics_per_node 0): the NCCL model's adapters
+// per node and its fixed cost per collective.
+void read_network(const json& j, DeviceProfile& p) {
+  if (!j.contains("network")) return;
+  const json& n = typed<json>(j, "network", "");
+  only_known_keys(n, "network", {"nics_per_node", "base_latency_s"});
+  p.nics_per_node = whole_in_range(n, "nics_per_node", "network", 1, kMaxRanks, "[1, 2^20]");
+  p.collective_base_latency_s =
+      n.contains("base_latency_s") ? non_negative(n, "base_latency_s", "network", kMaxSeconds) : 0.0;
 }
 
 // collectives: null (a one-rank calibration) or the links and factors of each kind.
@@ -251,13 +280,14 @@ DeviceProfile profile_from_json(const std::string& text) {
   try {
     require(j.is_object(), "the file must be a JSON object, got ", j.type_name());
     only_known_keys(j, "", {"name", "description", "sources", "memory_bytes", "ranks_per_node", "matmul_flops_per_s",
-                            "compute_efficiency", "model_flops_per_s", "step_update_s_per_elem",
+                            "compute_efficiency", "achieved_efficiency", "network", "model_flops_per_s", "step_update_s_per_elem",
                             "step_update_points_numel_seconds", "memory_copy_bytes_per_s", "comm_overlaps_compute",
                             "compute_oversubscribed", "collectives", "calibration"});
     read_machine(j, p);
     read_step_update(j, p);
     read_cores(j, p);
     read_collectives(j, p);
+    read_network(j, p);
     read_calibration(j, p);
     require(p.has_collectives || p.calibration_world_size == 1,
             "\"collectives\": null is for a one-rank calibration (calibration.world_size 1)");

@@ -31,6 +31,16 @@ std::string profile_to_json(const DeviceProfile& p) {
                              {"bf16", p.matmul_flops_per_s_bf16},
                              {"fp16", p.matmul_flops_per_s_fp16}};
   j["compute_efficiency"] = p.compute_efficiency;
+  // Optional keys, written only where they hold something: a profile without them stays readable by
+  // readers that predate them.
+  if (p.achieved_efficiency_fp32 > 0 || p.achieved_efficiency_bf16 > 0 || p.achieved_efficiency_fp16 > 0) {
+    j["achieved_efficiency"] = {{"fp32", p.achieved_efficiency_fp32},
+                                {"bf16", p.achieved_efficiency_bf16},
+                                {"fp16", p.achieved_efficiency_fp16}};
+  }
+  if (p.nics_per_node > 0) {
+    j["network"] = {{"nics_per_node", p.nics_per_node}, {"base_latency_s", p.collective_base_latency_s}};
+  }
   j["model_flops_per_s"] = {{"fp32", p.model_flops_per_s_fp32},
                             {"bf16", p.model_flops_per_s_bf16},
                             {"fp16", p.model_flops_per_s_fp16}};

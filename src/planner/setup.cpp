@@ -79,6 +79,9 @@ void StepSetup::validate() const {
              "cap must be >= 1, got ",
              micro_batch_size, ", ", seq_len, ", ", accumulation_steps, ", ", max_unsharded_units, ", ",
              bucket_cap_bytes);
+  FSDP_CHECK(checkpoint_every >= 1 && (activation_checkpointing || checkpoint_every == 1), ErrorKind::kInvalidArgument,
+             kSetupWhere, "checkpoint_every must be >= 1 and other than 1 only with activation checkpointing, got ",
+             checkpoint_every, activation_checkpointing ? " (checkpointing on)" : " (checkpointing off)");
 }
 
 }  // namespace fsdp::planner

@@ -29,19 +29,6 @@ struct Op {
 // reduce-scatter (kShard), on a lower queue.
 enum QueueIndex : int { kShardQueue = 0, kReplicateQueue = 1, kWorldQueue = 2, kNumQueues = 3 };
 
-// Piecewise-linear in x through `pts` (x > 0 strictly ascending, y >= 0 non-decreasing, at least
-// 2): the first point's y below it; past the last point, the last point's y per x times x (its
-// rate), so the result is never below a smaller x's.
-double interpolate(const std::vector<std::pair<double, double>>& pts, double x) {
-  if (x <= pts.front().first) return pts.front().second;
-  if (x >= pts.back().first) return pts.back().second * x / pts.back().first;
-  std::size_t i = 1;
-  while (x > pts[i].first) ++i;
-  const auto& [x0, y0] = pts[i - 1];
-  const auto& [x1, y1] = pts[i];
-  return y0 + (y1 - y0) * (x - x0) / (x1 - x0);
-}
-
 }  // namespace
 
 UnitFlops unit_flops(const ModelSpec& model, int64_t unit, const StepSetup& setup) {
@@ -55,10 +42,15 @@ UnitFlops unit_flops(const ModelSpec& model, int64_t unit, const StepSetup& setu
   } else {
     const double per_block = static_cast<double>(model.matmul_params() - A.vocab_size * A.n_embd) /
                              static_cast<double>(A.n_layer);
-    f.forward = 2.0 * per_block * tau + 4.0 * static_cast<double>(setup.seq_len * A.n_embd) * tau;
+    // Causal attention: query i meets i keys; QK^T and AV cost 2 x 2C x T(T+1)/2 per sequence.
+    const double attention = 2.0 * static_cast<double>(A.n_embd) * static_cast<double>(setup.seq_len + 1) * tau;
+    f.forward = 2.0 * per_block * tau + attention;
   }
   f.backward = 2.0 * f.forward;
-  if (setup.activation_checkpointing && unit > 0) f.backward += f.forward;
+  if (setup.checkpoints_block(unit)) {  // units[u] is block u
+    f.recompute = f.forward;
+    f.backward += f.recompute;
+  }
   return f;
 }
 
@@ -71,29 +63,13 @@ double step_flops(const ModelSpec& model, const StepSetup& setup) {
   return total * static_cast<double>(setup.accumulation_steps);
 }
 
-double collective_time_s(const DeviceProfile& profile, K kind, int64_t logical_bytes, int64_t n,
-                         bool crosses_nodes) {
-  if (n <= 1) return 0.0;
-  const CollectiveLinks& l = profile.links(kind);
-  // A calibrated node: the measured points, per ring step against the ring's chunk (logical bytes /
-  // ranks), their seconds made non-decreasing in bytes (the running maximum: a larger message takes
-  // no less time, while measured medians can dip by a few percent); at the calibration's world
-  // size the measured seconds wherever they rise.
-  const int kind_index = kind == K::kAllGather ? 0 : kind == K::kReduceScatter ? 1 : kind == K::kAllReduce ? 2 : -1;
-  const int64_t nc = profile.calibration_world_size;
-  if (!crosses_nodes && kind_index >= 0 && profile.has_measured_points()) {
-    std::vector<std::pair<double, double>> per_step;
-    double most_s = 0.0;
-    for (const CalibrationPoint& p : profile.fits[kind_index].points) {
-      most_s = std::max(most_s, p.seconds);
-      per_step.emplace_back(static_cast<double>(p.logical_bytes) / static_cast<double>(nc), most_s / ring_steps(kind, nc));
-    }
-    return ring_steps(kind, n) * interpolate(per_step, static_cast<double>(logical_bytes) / static_cast<double>(n));
+double model_step_flops(const ModelSpec& model, const StepSetup& setup) {
+  double total = 0.0;
+  for (int64_t u = 0; u < static_cast<int64_t>(model.units.size()); ++u) {
+    const UnitFlops f = unit_flops(model, u, setup);
+    total += f.forward + f.backward - f.recompute;
   }
-  const LinkProfile& link = crosses_nodes ? l.inter_node : l.intra_node;
-  const double bw = crosses_nodes ? std::min(l.inter_node.bandwidth_bytes_per_s, l.intra_node.bandwidth_bytes_per_s)
-                                  : link.bandwidth_bytes_per_s;
-  return ring_steps(kind, n) * link.alpha_s + ring_wire_bytes(kind, logical_bytes, n) / bw;
+  return total * static_cast<double>(setup.accumulation_steps);
 }
 
 // [Note: step replay] docs/planner.md, "Time model". Times in seconds from the start of the
@@ -113,9 +89,9 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   const bool per_phase = st.gathers_params && st.reshard_after_forward, sgo = gathers_once_per_step(st);
   const bool zero1 = st.lazy_gather, ddp = st.grad_sync == GradSync::kBuckets;
   const bool bounded = per_phase || sgo;  // units the max_unsharded_units bound counts
-  const bool shard_x = group_crosses_nodes(par, GroupKind::kShard);
-  const bool rep_x = group_crosses_nodes(par, GroupKind::kReplicate);
-  const bool world_x = group_crosses_nodes(par, GroupKind::kWorld);
+  const GroupPlacement shard_x = group_placement(par, GroupKind::kShard);
+  const GroupPlacement rep_x = group_placement(par, GroupKind::kReplicate);
+  const GroupPlacement world_x = group_placement(par, GroupKind::kWorld);
 
   // A collective in the replay (profile.h CollectiveLinks). Overlapping communication: its time
   // alone on its queue. Shared cores, compute fitting them: time alone x the shared-core factor,
@@ -127,8 +103,8 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   // fills that time and the collective runs at its speed alone.
   const bool time_shared = profile.compute_oversubscribed;
   const bool overlaps = profile.comm_overlaps_compute || time_shared;
-  auto op = [&](K kind, int64_t bytes, int64_t n, bool crosses) {
-    const double alone = collective_time_s(profile, kind, bytes, n, crosses);
+  auto op = [&](K kind, int64_t bytes, const GroupPlacement& group) {
+    const double alone = collective_time_s(profile, kind, bytes, group);
     if (alone <= 0 || profile.comm_overlaps_compute) return Op{alone, 1.0, 0.0};
     const CollectiveLinks& l = profile.links(kind);
     return time_shared ? Op{alone, l.duration_factor, alone * l.shared_core_factor}
@@ -170,12 +146,12 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     }
     pack_copy[u] = copy_s((pb + rb) * (ddp ? n.trainable_numel : n.reduce_numel));
     add_copy[u] = copy_s((rb + kMasterBytes) * (ddp ? n.trainable_numel : n.real_trainable_numel));
-    ag[u] = op(K::kAllGather, pb * n.gathered_numel, G, shard_x);
-    rs[u] = op(K::kReduceScatter, rb * n.reduce_numel, G, shard_x);
-    if (st.shard_over == ShardOver::kHybridGroup && G < N) rep[u] = op(K::kAllReduce, rb * n.reduce_shard_numel, N / G, rep_x);
+    ag[u] = op(K::kAllGather, pb * n.gathered_numel, shard_x);
+    rs[u] = op(K::kReduceScatter, rb * n.reduce_numel, shard_x);
+    if (st.shard_over == ShardOver::kHybridGroup && G < N) rep[u] = op(K::kAllReduce, rb * n.reduce_shard_numel, rep_x);
     if (ddp) {
       for (int64_t b : ddp_bucket_numels(model.units[u], setup.bucket_cap_bytes, rb)) {
-        buckets[u].push_back(op(K::kAllReduce, rb * b, N, world_x));
+        buckets[u].push_back(op(K::kAllReduce, rb * b, world_x));
       }
     }
   }
@@ -279,7 +255,7 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   for (const auto& [on, bytes] : {std::pair{setup.nonfinite_check, 8 * N}, std::pair{setup.clip_grad_norm, int64_t{16}},
                                   std::pair{setup.loss_scaling, int64_t{8}}}) {
     if (!on) continue;
-    const ReplayQueues::OpId id = issue(kWorldQueue, op(K::kAllReduce, bytes, N, world_x));  // moves t
+    const ReplayQueues::OpId id = issue(kWorldQueue, op(K::kAllReduce, bytes, world_x));  // moves t
     t = queues.wait(t, id);
   }
   t += update_s;
@@ -290,11 +266,16 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   r.update_s = update_s;
   r.copy_s = copied_s;
   for (const auto& c : step_traffic(model, par, setup).calls) {
-    r.comm_s += op(c.kind, c.logical_bytes, c.group_size, c.crosses_nodes).queue_s;
+    r.comm_s += op(c.kind, c.logical_bytes, group_placement(par, c.group)).queue_s;
   }
   r.step_s = t;
   r.exposed_comm_s = std::max(0.0, t - r.compute_s - r.update_s - r.copy_s);
   r.tokens_per_s = static_cast<double>(N * setup.accumulation_steps * setup.micro_batch_size * setup.seq_len) / t;
+  r.model_flops = model_step_flops(model, setup);
+  if (const double peak = profile.peak_flops_per_s(setup.precision); peak > 0 && t > 0) {
+    r.mfu = r.model_flops / (t * peak);
+    r.hfu = r.flops / (t * peak);
+  }
   return r;
 }
 

@@ -1,5 +1,7 @@
 #include "fsdp/planner/traffic.h"
 
+#include <algorithm>
+
 #include "fsdp/planner/memory.h"
 #include "fsdp/runtime/strategy_traits.h"
 
@@ -42,6 +44,21 @@ bool group_crosses_nodes(const Parallelism& par, GroupKind group) {
   return true;
 }
 
+GroupPlacement group_placement(const Parallelism& par, GroupKind group) {
+  const int64_t N = par.world_size, node = par.node_size(), G = par.shard_group_size();
+  GroupPlacement g;
+  g.ranks = group == GroupKind::kShard ? G : group == GroupKind::kReplicate ? N / G : N;
+  g.node_size = node;
+  if (!group_crosses_nodes(par, group)) return g;
+  auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  switch (group) {
+    case GroupKind::kWorld: g.nodes = ceil_div(N, node); break;
+    case GroupKind::kShard: g.nodes = std::max<int64_t>(2, ceil_div(G, node)); break;
+    case GroupKind::kReplicate: g.nodes = ceil_div(g.ranks, G < node && node % G == 0 ? node / G : 1); break;
+  }
+  return g;
+}
+
 StepTraffic step_traffic(const ModelSpec& model, const Parallelism& par, const StepSetup& setup) {
   par.validate();
   setup.validate();
@@ -58,6 +75,7 @@ StepTraffic step_traffic(const ModelSpec& model, const Parallelism& par, const S
     c.group = group;
     c.group_size = group == GroupKind::kShard ? G : group == GroupKind::kReplicate ? N / G : N;
     c.crosses_nodes = group_crosses_nodes(par, group);
+    c.nodes = group_placement(par, group).nodes;
     c.unit = unit;
     c.logical_bytes = bytes;
     c.wire_bytes = ring_wire_bytes(kind, bytes, c.group_size);

@@ -373,7 +373,8 @@ TEST(PlannerProfile, APrecisionWithoutARateIsRefusedOrNoted) {
   ASSERT_EQ(fp16.notes.size(), 1u);
   EXPECT_NE(fp16.notes[0].find("without a model rate for fp16"), std::string::npos) << fp16.notes[0];
   EXPECT_DOUBLE_EQ(fp16.strategies[0].time.compute_s,
-                   fp::step_flops(micro, in.step) / (in.profile.matmul_flops_per_s_fp16 * in.profile.compute_efficiency));
+                   fp::step_flops(micro, in.step) /
+                       (in.profile.matmul_flops_per_s_fp16 * in.profile.efficiency(fp::Precision::kFp16)));
   in.step.precision = fp::Precision::kBf16;
   EXPECT_TRUE(fp::make_plan(in).notes.empty());
 }
@@ -571,6 +572,8 @@ TEST(PlannerProfile, CalibrationFitGivesBackTheCollectiveTimes) {
   EXPECT_NEAR(fit.alpha_s, 30e-6, 1e-12);
   EXPECT_NEAR(fit.beta_s_per_byte, 0.5e-9, 1e-18);
   fp::DeviceProfile p = fp::builtin_profile("h100");
+  p.nics_per_node = 0;  // as a calibrated profile: one ring, no fixed cost beyond the links
+  p.collective_base_latency_s = 0;
   for (CK k : {CK::kAllGather, CK::kReduceScatter, CK::kAllReduce}) {
     const fp::LinkProfile l = fp::link_from_fit(k, fit, 4);
     p.all_gather = p.reduce_scatter = p.all_reduce = {l, l};
@@ -705,6 +708,7 @@ TEST(PlannerProfile, UnknownKeysAreRejectedAtEveryLevelAndEachNumberHasOneRange)
   p.fits.assign(3, fp::CalibrationFit{1e-5, 1e-9, {{4096, 1e-4}, {1 << 20, 1e-3}}});
   p.step_update_points_adamw = {{1024, 1e-5}, {1 << 20, 1e-3}};
   p.model_flops_per_s_fp32 = 5e10;
+  p.achieved_efficiency_bf16 = p.achieved_efficiency_fp16 = 0;  // as calibrated: no published figure
   const nlohmann::json good = nlohmann::json::parse(fp::profile_to_json(p));
   ASSERT_EQ(message(good), "accepted");
   // A misspelt key at each level is named with the level and the keys it may hold.

@@ -43,8 +43,9 @@ struct ActivationModel {
   /// Logits-sized buffers alive at once at the start of backward besides the saved log-probs: the
   /// gradient of the log-probs and of the logits, 2 x B*T*V*4 (fp32).
   int64_t loss_transient_bytes = 0;
-  /// Saved bytes of all blocks and the root as kept through forward: L x block_bytes (or, with
-  /// checkpointing, L x checkpointed_block_bytes) + root_bytes.
+  /// Saved bytes of all blocks and the root as kept through forward: per block block_bytes, or
+  /// checkpointed_block_bytes where the block is checkpointed (StepSetup::checkpoints_block), +
+  /// root_bytes.
   int64_t total_saved_bytes = 0;
 };
 

@@ -97,6 +97,15 @@ struct DeviceProfile {
   /// [kMinComputeEfficiency, 1]. A datasheet's figures are peaks: a step's estimate is then a
   /// lower bound. Not applied to model_flops_per_s.
   double compute_efficiency = 1.0;
+  /// Datasheet profiles: the fraction of the matmul peak that published dense-transformer training
+  /// reaches on this GPU, per precision (its source in `sources`); 0: none published (the precision
+  /// then runs at matmul rate x compute_efficiency). Each nonzero figure in [kMinComputeEfficiency, 1].
+  /// A profile holds either these or a compute_efficiency below 1, never both (profile_from_json
+  /// refuses the mix); fsdp-plan's --compute-efficiency clears them (the user's figure wins).
+  /// Not applied to model_flops_per_s.
+  double achieved_efficiency_fp32 = 0.0;
+  double achieved_efficiency_bf16 = 0.0;
+  double achieved_efficiency_fp16 = 0.0;
   /// Calibrated profiles: the FLOP rate a whole training forward + backward of the calibrated model
   /// reached per rank (its matmul FLOPs, time_model.h `unit_flops`, over the measured seconds: the
   /// norms, activations, attention softmax and the loss included). 0: not measured (the time model
@@ -134,6 +143,16 @@ struct DeviceProfile {
   /// datasheet profiles and where absent from a profile file.
   bool compute_oversubscribed = false;
   CollectiveLinks all_gather, reduce_scatter, all_reduce;
+  /// Network adapters per node for collectives that cross nodes. 0 (profiles that do not state it,
+  /// calibrated ones among them): one ring over the nodes, each ring step waiting for its slowest
+  /// hop, charged at inter_node's bandwidth for all of a rank's ring bytes (the node's one link).
+  /// >= 1: the NCCL model (time_model.h collective_time_s, docs/planner.md "Collectives across
+  /// nodes"): one ring per adapter, intra-node hops on intra_node, all-reduce by ring or tree,
+  /// whichever is faster; inter_node's bandwidth is then one adapter's.
+  int64_t nics_per_node = 0;
+  /// The NCCL model's fixed cost of one collective (launch and protocol), seconds; 0 where
+  /// nics_per_node is 0.
+  double collective_base_latency_s = 0.0;
   /// False for a profile calibrated at N = 1 (no collective was measured): it plans one rank only.
   bool has_collectives = true;
   /// Calibrated profiles: the world size measured and the raw fits per kind (all_gather,
@@ -153,6 +172,12 @@ struct DeviceProfile {
   /// else the matmul rate times compute_efficiency; 0 when the profile has neither for `p` (the
   /// time model then refuses to plan that precision).
   double flops_per_s(Precision p) const;
+  /// The fraction of the matmul peak a step reaches for `p` where no model rate is measured:
+  /// achieved_efficiency_* when nonzero, else compute_efficiency.
+  double efficiency(Precision p) const;
+  /// The matmul peak of a precision (matmul_flops_per_s_*; fp16 0: none): the denominator of
+  /// MFU and HFU.
+  double peak_flops_per_s(Precision p) const;
   /// model_flops_per_s_* of a precision; 0: not measured.
   double model_flops_per_s(Precision p) const;
   /// step_update_s_per_elem_* of an optimizer kind.

@@ -65,6 +65,10 @@ struct StepSetup {
   int64_t accumulation_steps = 1;  ///< micro-batches per optimizer step (gradient sync on the last)
   /// Only each block's input is kept in forward; the block's forward runs again in its backward.
   bool activation_checkpointing = false;
+  /// With activation_checkpointing: only every k-th block is checkpointed (blocks k, 2k, ...
+  /// counting the first block as 1; per-block selective checkpointing), the others keep their
+  /// activations and run their forward once. 1: every block.
+  int64_t checkpoint_every = 1;
   bool forward_prefetch = true;    ///< fsdp-train's default (the library's is false)
   bool backward_prefetch = true;
   int max_unsharded_units = fsdp::kDefaultMaxUnshardedUnits;
@@ -76,7 +80,13 @@ struct StepSetup {
   /// fsdp-train checks every step that the loss and the gradients are finite on every rank: one
   /// all-reduce of world_size int64 flags (8 x world_size bytes).
   bool nonfinite_check = true;
-  /// Throws fsdp::Error (kInvalidArgument) for non-positive sizes.
+  /// Whether block `block` (1 = the first block) keeps only its input and recomputes its forward in
+  /// backward: activation_checkpointing and block a multiple of checkpoint_every.
+  bool checkpoints_block(int64_t block) const {
+    return activation_checkpointing && block >= 1 && block % checkpoint_every == 0;
+  }
+  /// Throws fsdp::Error (kInvalidArgument) for non-positive sizes, and for checkpoint_every other
+  /// than 1 without activation_checkpointing.
   void validate() const;
 };
 

@@ -28,6 +28,7 @@ struct CollectiveCall {
   GroupKind group = GroupKind::kShard;
   int64_t group_size = 1;      ///< ranks of that group
   bool crosses_nodes = false;  ///< its ranks sit on more than one node
+  int64_t nodes = 1;           ///< nodes its ranks sit on (group_placement)
   int64_t unit = -1;           ///< index into ModelSpec::units; -1 for the step's scalar flags
   /// CommStats' logical bytes: all-gather output, reduce-scatter input, all-reduce tensor, in the
   /// caller's dtype.
@@ -58,6 +59,20 @@ struct StepTraffic {
 /// Whether a group of `group_size` ranks spans nodes: the shard group of consecutive ranks, or the
 /// replicate group (stride = shard group size), with par.node_size() ranks per node.
 bool group_crosses_nodes(const Parallelism& par, GroupKind group);
+
+/// Where one group's ranks lie: `ranks` of them over `nodes` nodes of `node_size` ranks each (the
+/// node's other ranks belong to the other groups of the same kind, which run at the same time).
+struct GroupPlacement {
+  int64_t ranks = 1;
+  int64_t nodes = 1;
+  int64_t node_size = 1;
+};
+/// The placement of a group of the given kind (ranks in order, par.node_size() per node): one node
+/// when it does not cross nodes (group_crosses_nodes); the world over ceil(N / node) nodes; a shard
+/// group of G consecutive ranks over G / node nodes (ceil, and at least 2 where G straddles a node
+/// boundary); a replicate group (stride G) over N/G / (node / G) nodes when G divides the node, else
+/// one rank per node.
+GroupPlacement group_placement(const Parallelism& par, GroupKind group);
 
 /// Every collective of one steady-state training step (setup.accumulation_steps micro-batches,
 /// gradient sync on the last), as the engine issues them:

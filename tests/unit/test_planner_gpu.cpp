@@ -1,0 +1,284 @@
+// Tier `unit`: the planner on GPU clusters (include/fsdp/planner/). NCCL's ring and tree over 1, 2,
+// 8 and 64 nodes in closed form, NICs fewer than GPUs and shared by hybrid's replica groups, the
+// old single-ring model kept for profiles without adapters, nccl-tests' bus bandwidth, FLOPs of a
+// Llama and a GPT shape against a hand count with and without recompute, MFU and HFU, the
+// published efficiency figures, the overlap of a GPU step and the profile file's optional keys.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "fsdp/common/check.h"
+#include "fsdp/planner/activations.h"
+#include "fsdp/planner/memory.h"
+#include "fsdp/planner/time_model.h"
+#include "planner_test_helpers.h"
+
+namespace fp = fsdp::planner;
+using S = fsdp::ShardingStrategy;
+using CollKind = fsdp::comm::CollectiveKind;
+using planner_test::par;
+
+namespace {
+
+// The h100 profile's figures (profile_builtin.cpp), spelt out so that the closed forms below are
+// hand-written: NCCL's Simple-protocol latencies, NVLink 450 GB/s and 8 x 50 GB/s adapters per node.
+constexpr double kBase = 8.4e-6, kNvlinkHop = 3.4e-6, kNetHop = 9.6e-6;
+constexpr double kNvlink = 450e9, kNic = 50e9;
+
+fp::GroupPlacement nodes_of_8(int64_t nodes) { return fp::GroupPlacement{8 * nodes, nodes, 8}; }
+
+}  // namespace
+
+TEST(PlannerNccl, RingAndTreeOverOneTwoEightAndSixtyFourNodes) {
+  const fp::DeviceProfile h100 = fp::builtin_profile("h100");
+  ASSERT_EQ(h100.nics_per_node, 8);
+  const int64_t bytes = 1'000'000'000;  // 1 GB
+  for (int64_t m : {1, 2, 8, 64}) {
+    const double n = 8.0 * static_cast<double>(m);
+    // One node: NVLink alone. More: 8 rings, one per adapter; the node's ring bytes leave through
+    // all 8 adapters at once, so the bus runs at min(NVLink, 8 x 50 GB/s) = 400 GB/s.
+    const double bus = m == 1 ? kNvlink : std::min(kNvlink, 8 * kNic);
+    const double ag = kBase + ((n - 1) - (m - 1)) * kNvlinkHop + (m - 1) * kNetHop + (n - 1) / n * bytes / bus;
+    for (CollKind k : {CollKind::kAllGather, CollKind::kReduceScatter}) {
+      EXPECT_NEAR(fp::collective_time_s(h100, k, bytes, nodes_of_8(m)), ag, 1e-12) << m << " nodes";
+    }
+    const double ring = kBase + (2 * (n - 1) - 2 * (m - 1)) * kNvlinkHop + 2 * (m - 1) * kNetHop + 2 * (n - 1) / n * bytes / bus;
+    const double tree = kBase + 2 * (7 * kNvlinkHop + std::ceil(std::log2(static_cast<double>(m))) * kNetHop) + 2.0 * bytes / bus;
+    EXPECT_NEAR(fp::collective_time_s(h100, CollKind::kAllReduce, bytes, nodes_of_8(m)), std::min(ring, tree), 1e-12) << m;
+  }
+  // Which algorithm: within a node the ring (the tree's chain has the same latency and moves more);
+  // over 64 nodes the ring's 1,022 steps cost 4.26 ms of latency, so the tree wins even at 1 GB
+  // (5.17 ms against 9.25 ms), and at 1 kB by 25 times.
+  const double ring64 = kBase + (1022 - 126) * kNvlinkHop + 126 * kNetHop;
+  const double tree64 = kBase + 2 * (7 * kNvlinkHop + 6 * kNetHop);
+  EXPECT_NEAR(ring64, 4264.4e-6, 1e-9);
+  EXPECT_NEAR(tree64, 171.2e-6, 1e-9);
+  EXPECT_NEAR(fp::collective_time_s(h100, CollKind::kAllReduce, 1000, nodes_of_8(64)), tree64 + 2000.0 / 400e9, 1e-12);
+  EXPECT_NEAR(fp::collective_time_s(h100, CollKind::kAllReduce, bytes, nodes_of_8(1)),
+              kBase + 14 * kNvlinkHop + 2 * 7.0 / 8 * bytes / kNvlink, 1e-12);
+  // The (n, crosses_nodes) form places n ranks on the profile's 8-rank nodes.
+  EXPECT_DOUBLE_EQ(fp::collective_time_s(h100, CollKind::kAllGather, bytes, 128, true),
+                   fp::collective_time_s(h100, CollKind::kAllGather, bytes, nodes_of_8(16)));
+  EXPECT_EQ(fp::collective_time_s(h100, CollKind::kAllReduce, bytes, fp::GroupPlacement{1, 1, 8}), 0.0);
+}
+
+TEST(PlannerNccl, FewerAdaptersAndSharedAdapters) {
+  fp::DeviceProfile p = fp::builtin_profile("h100");
+  const int64_t bytes = 1'000'000'000;
+  // 4 adapters for 8 GPUs: the node's ring bytes leave at 4 x 50 GB/s.
+  p.nics_per_node = 4;
+  EXPECT_NEAR(fp::collective_time_s(p, CollKind::kAllGather, bytes, nodes_of_8(2)),
+              kBase + 14 * kNvlinkHop + 1 * kNetHop + 15.0 / 16 * bytes / 200e9, 1e-12);
+  // hybrid_shard's replica groups at G = 8: one rank per node each, eight such groups at once, so
+  // each gets one adapter's 50 GB/s; no NVLink hop.
+  const fp::DeviceProfile h100 = fp::builtin_profile("h100");
+  const fp::Parallelism hy = par(S::kHybridShard, 64, 8, 8);
+  const fp::GroupPlacement rep = fp::group_placement(hy, fp::GroupKind::kReplicate);
+  EXPECT_EQ(rep.ranks, 8);
+  EXPECT_EQ(rep.nodes, 8);
+  const double ring = kBase + 14 * kNetHop + 2 * 7.0 / 8 * bytes / kNic;
+  const double tree = kBase + 2 * (0 * kNvlinkHop + 3 * kNetHop) + 2.0 * bytes / kNic;
+  EXPECT_NEAR(fp::collective_time_s(h100, CollKind::kAllReduce, bytes, rep), std::min(ring, tree), 1e-12);
+  // Its shard group stays inside a node: NVLink only.
+  const fp::GroupPlacement shard = fp::group_placement(hy, fp::GroupKind::kShard);
+  EXPECT_EQ(shard.nodes, 1);
+  EXPECT_NEAR(fp::collective_time_s(h100, CollKind::kAllGather, bytes, shard), kBase + 7 * kNvlinkHop + 7.0 / 8 * bytes / kNvlink, 1e-12);
+  // Placements: the world over 16 nodes; a 16-rank shard group over 2; its replicate group of 4
+  // (stride 16) one rank per node.
+  EXPECT_EQ(fp::group_placement(par(S::kFullShard, 128, 0, 8), fp::GroupKind::kShard).nodes, 16);
+  EXPECT_EQ(fp::group_placement(par(S::kHybridShard, 64, 16, 8), fp::GroupKind::kShard).nodes, 2);
+  const fp::GroupPlacement rep16 = fp::group_placement(par(S::kHybridShard, 64, 16, 8), fp::GroupKind::kReplicate);
+  EXPECT_EQ(rep16.ranks, 4);
+  EXPECT_EQ(rep16.nodes, 4);
+  // hybrid at G = 4: two replica groups share each node, two adapters each.
+  const fp::GroupPlacement rep4 = fp::group_placement(par(S::kHybridShard, 64, 4, 8), fp::GroupKind::kReplicate);
+  EXPECT_EQ(rep4.ranks, 16);
+  EXPECT_EQ(rep4.nodes, 8);
+  EXPECT_NEAR(fp::collective_time_s(h100, CollKind::kAllGather, bytes, rep4),
+              kBase + 8 * kNvlinkHop + 7 * kNetHop + 15.0 / 16 * bytes / (8 * 0.25 * kNic), 1e-12);
+}
+
+TEST(PlannerNccl, ProfilesWithoutAdaptersKeepTheSingleRing) {
+  fp::DeviceProfile p = fp::builtin_profile("h100");
+  p.nics_per_node = 0;
+  p.collective_base_latency_s = 0;
+  const int64_t bytes = 1'000'000;
+  EXPECT_DOUBLE_EQ(fp::collective_time_s(p, CollKind::kAllReduce, bytes, 16, true), 30 * kNetHop + 2 * 15.0 / 16 * bytes / kNic);
+  EXPECT_DOUBLE_EQ(fp::collective_time_s(p, CollKind::kAllGather, bytes, 8, false), 7 * kNvlinkHop + 7.0 / 8 * bytes / kNvlink);
+  // nccl-tests' bus bandwidth: (n-1)/n or 2(n-1)/n of the algorithm bandwidth.
+  EXPECT_DOUBLE_EQ(fp::bus_bandwidth_bytes_per_s(CollKind::kAllGather, bytes, 8, 1e-3), 7.0 / 8 * bytes / 1e-3);
+  EXPECT_DOUBLE_EQ(fp::bus_bandwidth_bytes_per_s(CollKind::kAllReduce, bytes, 8, 1e-3), 2 * 7.0 / 8 * bytes / 1e-3);
+  EXPECT_EQ(fp::bus_bandwidth_bytes_per_s(CollKind::kAllReduce, bytes, 1, 1e-3), 0.0);
+  // An 8 GiB all-reduce over two H100 nodes reaches within 0.4% of 400 GB/s of bus bandwidth (its
+  // 123 us of latency against 40 ms on the wire).
+  const fp::DeviceProfile h100 = fp::builtin_profile("h100");
+  const int64_t big = int64_t{8} << 30;
+  const double bw = fp::bus_bandwidth_bytes_per_s(CollKind::kAllReduce, big, 16,
+                                                  fp::collective_time_s(h100, CollKind::kAllReduce, big, nodes_of_8(2)));
+  EXPECT_GT(bw, 398e9);
+  EXPECT_LT(bw, 400e9);
+}
+
+TEST(PlannerFlops, LlamaShapeAgainstAHandCount) {
+  // Llama 3.1 8B as fsdp-plan builds it from llama2-7b: 8 key/value heads, MLP 14336, vocab 128256.
+  fp::LlamaShape sh = fp::llama_shape("llama2-7b");
+  sh.n_kv_head = 8;
+  sh.ffn_hidden = 14336;
+  sh.vocab_size = 128256;
+  sh.context = 8192;
+  const fp::ModelSpec m = fp::llama_model(sh);
+  // Per block: q and o 4096 x 4096, k and v 1024 x 4096, gate, up and down 4096 x 14336.
+  const double block = 2.0 * 4096 * 4096 + 2.0 * 1024 * 4096 + 3.0 * 4096 * 14336;
+  EXPECT_EQ(block, 218'103'808.0);
+  const double head = 128256.0 * 4096;
+  EXPECT_EQ(static_cast<double>(m.matmul_params()), 32 * block + head);
+  fp::StepSetup st;
+  st.precision = fp::Precision::kBf16;
+  st.micro_batch_size = 2;
+  st.seq_len = 8192;
+  const double tokens = 2.0 * 8192;
+  // Causal attention per token per block: QK^T and AV over (T + 1) / 2 keys on average, 2 x 2C each.
+  const double attention = 2.0 * 4096 * 8193;
+  const double block_fwd = (2 * block + attention) * tokens, head_fwd = 2 * head * tokens;
+  const double model = 3 * (32 * block_fwd + head_fwd);
+  EXPECT_DOUBLE_EQ(fp::step_flops(m, st), model);
+  EXPECT_DOUBLE_EQ(fp::model_step_flops(m, st), model);
+  // Full recompute: every block's forward once more; the head is not checkpointed.
+  st.activation_checkpointing = true;
+  EXPECT_DOUBLE_EQ(fp::step_flops(m, st), model + 32 * block_fwd);
+  EXPECT_DOUBLE_EQ(fp::model_step_flops(m, st), model);
+  // Every second block (blocks 2, 4, ..., 32): 16 forwards more.
+  st.checkpoint_every = 2;
+  EXPECT_DOUBLE_EQ(fp::step_flops(m, st), model + 16 * block_fwd);
+  st.checkpoint_every = 5;  // blocks 5, 10, ..., 30
+  EXPECT_DOUBLE_EQ(fp::step_flops(m, st), model + 6 * block_fwd);
+  EXPECT_DOUBLE_EQ(fp::model_step_flops(m, st), model);
+}
+
+TEST(PlannerFlops, GptShapeAgainstAHandCount) {
+  const fp::ModelSpec m = fp::gpt_model(fp::gpt_shape("gpt2", 50257));
+  // Per block: c_attn 3C x C, c_proj C x C, c_fc 4C x C, mlp.c_proj C x 4C; the head is wte (tied).
+  const double C = 768, block = 12 * C * C, head = 50257 * C;
+  fp::StepSetup st;
+  st.micro_batch_size = 4;
+  st.seq_len = 1024;
+  const double tokens = 4.0 * 1024;
+  const double block_fwd = (2 * block + 2 * C * 1025) * tokens, head_fwd = 2 * head * tokens;
+  const double model = 3 * (12 * block_fwd + head_fwd);
+  EXPECT_DOUBLE_EQ(fp::step_flops(m, st), model);
+  st.activation_checkpointing = true;
+  EXPECT_DOUBLE_EQ(fp::step_flops(m, st), model + 12 * block_fwd);
+  EXPECT_DOUBLE_EQ(fp::model_step_flops(m, st), model);
+  st.checkpoint_every = 3;  // blocks 3, 6, 9, 12
+  EXPECT_DOUBLE_EQ(fp::step_flops(m, st), model + 4 * block_fwd);
+  // Accumulation multiplies both.
+  st.accumulation_steps = 2;
+  EXPECT_DOUBLE_EQ(fp::step_flops(m, st), 2 * (model + 4 * block_fwd));
+  EXPECT_DOUBLE_EQ(fp::model_step_flops(m, st), 2 * model);
+  // Per-block checkpointing keeps the full activations of the other blocks.
+  st.accumulation_steps = 1;
+  const fp::ActivationModel a = fp::activation_model(m, st);
+  EXPECT_EQ(a.total_saved_bytes, a.root_bytes + 4 * a.checkpointed_block_bytes + 8 * a.block_bytes);
+  fp::StepSetup off = st;
+  off.activation_checkpointing = false;
+  EXPECT_THROW(off.validate(), fsdp::Error) << "checkpoint_every 3 without checkpointing";
+}
+
+TEST(PlannerFlops, EfficiencyMfuAndHfu) {
+  const fp::DeviceProfile h100 = fp::builtin_profile("h100"), a100 = fp::builtin_profile("a100");
+  EXPECT_DOUBLE_EQ(h100.flops_per_s(fp::Precision::kBf16), 989.5e12 * 0.405);
+  EXPECT_DOUBLE_EQ(h100.flops_per_s(fp::Precision::kFp16), 989.5e12 * 0.405);
+  EXPECT_DOUBLE_EQ(h100.flops_per_s(fp::Precision::kFp32), 67e12) << "no published fp32 figure: the peak";
+  EXPECT_DOUBLE_EQ(a100.flops_per_s(fp::Precision::kBf16), 312e12 * 0.52);
+  // A measured model rate still wins.
+  fp::DeviceProfile measured = h100;
+  measured.model_flops_per_s_bf16 = 100e12;
+  EXPECT_DOUBLE_EQ(measured.flops_per_s(fp::Precision::kBf16), 100e12);
+  // MFU and HFU of one rank: model and hardware FLOPs over the step at the bf16 peak.
+  const fp::ModelSpec m = fp::llama_model(fp::llama_shape("llama2-7b"));
+  fp::StepSetup st;
+  st.precision = fp::Precision::kBf16;
+  st.seq_len = 4096;
+  st.activation_checkpointing = true;
+  const fp::StepTime t = fp::estimate_step_time(m, par(S::kFullShard, 1), st, h100);
+  EXPECT_DOUBLE_EQ(t.mfu, t.model_flops / (t.step_s * 989.5e12));
+  EXPECT_DOUBLE_EQ(t.hfu, t.flops / (t.step_s * 989.5e12));
+  EXPECT_GT(t.hfu, t.mfu);
+  // The matmuls run at 40.5% of the peak; the update and the copies add to the step.
+  EXPECT_NEAR(t.hfu, 0.405 * t.compute_s / t.step_s, 1e-12);
+  EXPECT_LT(t.hfu, 0.405);
+}
+
+TEST(PlannerProfileFile, NewKeysAreOptionalAndRoundTrip) {
+  const fp::DeviceProfile h100 = fp::builtin_profile("h100");
+  const fp::DeviceProfile back = fp::profile_from_json(fp::profile_to_json(h100));
+  EXPECT_EQ(back.nics_per_node, 8);
+  EXPECT_DOUBLE_EQ(back.collective_base_latency_s, kBase);
+  EXPECT_DOUBLE_EQ(back.achieved_efficiency_bf16, 0.405);
+  EXPECT_DOUBLE_EQ(back.achieved_efficiency_fp32, 0.0);
+  // A file without them (older profiles): the single ring and the compute efficiency.
+  nlohmann::json j = nlohmann::json::parse(fp::profile_to_json(h100));
+  j.erase("network");
+  j.erase("achieved_efficiency");
+  const fp::DeviceProfile old = fp::profile_from_json(j.dump());
+  EXPECT_EQ(old.nics_per_node, 0);
+  EXPECT_DOUBLE_EQ(old.flops_per_s(fp::Precision::kBf16), 989.5e12);
+  // A profile without them writes neither key, so readers that predate them still read it.
+  const nlohmann::json rewritten = nlohmann::json::parse(fp::profile_to_json(old));
+  EXPECT_FALSE(rewritten.contains("network"));
+  EXPECT_FALSE(rewritten.contains("achieved_efficiency"));
+  // Two figures for one rate are refused; so are figures out of range.
+  nlohmann::json both = nlohmann::json::parse(fp::profile_to_json(h100));
+  both["compute_efficiency"] = 0.5;
+  EXPECT_THROW(fp::profile_from_json(both.dump()), fsdp::Error);
+  nlohmann::json bad = nlohmann::json::parse(fp::profile_to_json(h100));
+  bad["achieved_efficiency"]["bf16"] = 1.5;
+  EXPECT_THROW(fp::profile_from_json(bad.dump()), fsdp::Error);
+  bad = nlohmann::json::parse(fp::profile_to_json(h100));
+  bad["network"]["nics_per_node"] = 0;
+  EXPECT_THROW(fp::profile_from_json(bad.dump()), fsdp::Error);
+  bad = nlohmann::json::parse(fp::profile_to_json(h100));
+  bad["network"]["nic"] = 1;
+  EXPECT_THROW(fp::profile_from_json(bad.dump()), fsdp::Error);
+}
+
+TEST(PlannerOverlap, OnlyTheFirstGathersAndTheLastReductionsAreExposed) {
+  // Llama 3.1 8B, full_shard on one node of 8 H100s, 2 x 8192 tokens: every block's forward (~20 ms)
+  // and backward (~40 ms) outlast its all-gather (~0.9 ms) and reduce-scatter. With the update and
+  // the engine's copies made free, what the step exposes is: the root's all-gather and block 1's
+  // (the root's lookups compute nothing to hide them), the last block's all-gather again at the
+  // start of backward (it was resharded after forward), block 1's reduce-scatter and the root's
+  // (nothing computes after them), and the finite-check and grad-norm all-reduces. Every other
+  // all-gather is prefetched one unit ahead and every other reduce-scatter runs behind the next
+  // unit's backward.
+  fp::LlamaShape sh = fp::llama_shape("llama2-7b");
+  sh.n_kv_head = 8;
+  sh.ffn_hidden = 14336;
+  sh.vocab_size = 128256;
+  sh.context = 8192;
+  const fp::ModelSpec m = fp::llama_model(sh);
+  fp::DeviceProfile p = fp::builtin_profile("h100");
+  p.memory_copy_bytes_per_s = 1e18;
+  p.step_update_s_per_elem_adamw = 0;
+  fp::StepSetup st;
+  st.precision = fp::Precision::kBf16;
+  st.micro_batch_size = 2;
+  st.seq_len = 8192;
+  const fp::Parallelism pr = par(S::kFullShard, 8, 0, 8);
+  const fp::GroupPlacement node = fp::group_placement(pr, fp::GroupKind::kShard);
+  const int64_t L = m.num_blocks();
+  auto ag = [&](int64_t u) {
+    return fp::collective_time_s(p, CollKind::kAllGather, 2 * fp::unit_numbers(m.units[u], 8, 0).gathered_numel, node);
+  };
+  auto rs = [&](int64_t u) {
+    return fp::collective_time_s(p, CollKind::kReduceScatter, 2 * fp::unit_numbers(m.units[u], 8, 0).reduce_numel, node);
+  };
+  const double flags = fp::collective_time_s(p, CollKind::kAllReduce, 8 * 8, node) +
+                       fp::collective_time_s(p, CollKind::kAllReduce, 16, node);
+  const fp::StepTime t = fp::estimate_step_time(m, pr, st, p);
+  EXPECT_LT(ag(1) + rs(1), 0.1 * t.compute_s / static_cast<double>(3 * L)) << "the premise: collectives well below a block";
+  EXPECT_NEAR(t.exposed_comm_s, ag(0) + ag(1) + ag(L) + rs(1) + rs(0) + flags, 1e-6);
+  EXPECT_NEAR(t.step_s, t.compute_s + t.exposed_comm_s, 1e-6);
+}
