@@ -14,7 +14,8 @@ AdamW, grad clip 1.0, 1 intra-op thread per rank):
   (--peers fsdp2,ddp,zero adds ZeroRedundancyOptimizer; --peers ...,deepspeed adds DeepSpeed ZeRO
    stages 1, 2 and 3 (ds1, ds2, ds3; each can be named alone), installed by bench/setup.sh;
    --ours full_shard,full_shard@yield adds a run of fsdp-train under Open MPI's --mca
-   mpi_yield_when_idle 1)
+   mpi_yield_when_idle 1; --backend gloo adds, for each strategy S, ours-S@gloo: fsdp-train under
+   torchrun over the Gloo backend, beside its mpirun run over MPI)
 
 --mixed-precision bf16 (default fp32) runs fsdp-train --mixed-precision bf16 (bf16 unsharded params,
 all-gathers and gradient reduction, fp32 master weights and AdamW state) against the matching
@@ -93,11 +94,15 @@ class Runner:
             mca = []
             if variant == "yield":  # Open MPI: blocking calls sched_yield() while they poll
                 mca = ["--mca", "mpi_yield_when_idle", "1"]
-            elif variant:
-                raise SystemExit(f"unknown variant @{variant} (known: @yield)")
-            return [a.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", *mca,
-                    "-x", "OMP_NUM_THREADS", "-x", "MKL_NUM_THREADS", "-n", str(n),
-                    sys.executable, os.path.join(HERE, "rusage_exec.py"), run_dir, "--",
+            elif variant and variant != "gloo":
+                raise SystemExit(f"unknown variant @{variant} (known: @yield, @gloo)")
+            if variant == "gloo":  # torchrun, fsdp-train over Gloo (--backend auto picks it)
+                launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
+                          "--master_port", str(29500 + (os.getpid() % 500))]
+            else:
+                launch = [a.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", *mca,
+                          "-x", "OMP_NUM_THREADS", "-x", "MKL_NUM_THREADS", "-n", str(n), sys.executable]
+            return [*launch, os.path.join(HERE, "rusage_exec.py"), run_dir, "--",
                     a.binary, "--model", preset, "--strategy", strategy,
                     "--global-batch-size", str(a.global_batch_size), "--seq-len", str(a.seq_len),
                     "--steps", str(a.steps), "--threads", str(a.threads),
@@ -218,6 +223,9 @@ def main():
     ap.add_argument("--binary", default=os.path.join(ROOT, "build-bench", "bin", "fsdp-train"))
     ap.add_argument("--data-dir", default=os.path.join(ROOT, "data"))
     ap.add_argument("--mpirun", default="mpirun")
+    ap.add_argument("--backend", choices=["mpi", "gloo"], default="mpi",
+                    help="gloo: each fsdp-train strategy also runs under torchrun over Gloo (STRATEGY@gloo), "
+                         "beside its mpirun run over MPI")
     ap.add_argument("--out", default=None)
     ap.add_argument("--run-timeout", type=int, default=300)
     a = ap.parse_args()
@@ -251,6 +259,8 @@ def main():
                            stderr=subprocess.STDOUT, text=True, timeout=120)
         if p.returncode == 0:
             ours.append("ours-" + s)
+            if a.backend == "gloo":
+                ours.append("ours-" + s + "@gloo")
         else:
             msg = next((l for l in p.stdout.splitlines() if "error" in l), p.stdout.strip()[-300:])
             notes.append(f"`--strategy {s}` skipped: fsdp-train exited {p.returncode}: {msg.strip()}")
