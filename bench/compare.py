@@ -14,7 +14,9 @@ AdamW, grad clip 1.0, 1 intra-op thread per rank):
   (--peers fsdp2,ddp,zero adds ZeroRedundancyOptimizer; --peers ...,deepspeed adds DeepSpeed ZeRO
    stages 1, 2 and 3 (ds1, ds2, ds3; each can be named alone), installed by bench/setup.sh;
    --ours full_shard,full_shard@yield adds a run of fsdp-train under Open MPI's --mca
-   mpi_yield_when_idle 1; full_shard@libtorch-adamw one with --adamw-kernel libtorch)
+   mpi_yield_when_idle 1; --backend gloo adds, for each strategy S, ours-S@gloo: fsdp-train under
+   torchrun over the Gloo backend, beside its mpirun run over MPI;
+   full_shard@libtorch-adamw runs fsdp-train with --adamw-kernel libtorch)
   plain             --peers ...,plain: N independent processes of the plain libtorch loop
                     (bench/cpp/plain_loop.cpp: same model and AdamW, no FSDP; fp32), G/N sequences
                     each, their tokens/s added: at N = 1 the loop fsdp-train should cost what it costs
@@ -103,11 +105,15 @@ class Runner:
                 mca = ["--mca", "mpi_yield_when_idle", "1"]
             elif variant == "libtorch-adamw":  # torch::optim::AdamW instead of the fused kernel
                 extra = ["--adamw-kernel", "libtorch"]
-            elif variant:
-                raise SystemExit(f"unknown variant @{variant} (known: @yield, @libtorch-adamw)")
-            return [a.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", *mca,
-                    "-x", "OMP_NUM_THREADS", "-x", "MKL_NUM_THREADS", "-n", str(n),
-                    sys.executable, os.path.join(HERE, "rusage_exec.py"), run_dir, "--",
+            elif variant and variant != "gloo":
+                raise SystemExit(f"unknown variant @{variant} (known: @yield, @gloo, @libtorch-adamw)")
+            if variant == "gloo":  # torchrun, fsdp-train over Gloo (--backend auto picks it)
+                launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
+                          "--master_port", str(29500 + (os.getpid() % 500))]
+            else:
+                launch = [a.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", *mca,
+                          "-x", "OMP_NUM_THREADS", "-x", "MKL_NUM_THREADS", "-n", str(n), sys.executable]
+            return [*launch, os.path.join(HERE, "rusage_exec.py"), run_dir, "--",
                     a.binary, "--model", preset, "--strategy", strategy,
                     "--global-batch-size", str(a.global_batch_size), "--seq-len", str(a.seq_len),
                     "--steps", str(a.steps), "--threads", str(a.threads),
@@ -132,7 +138,7 @@ class Runner:
                            "--seq-len", str(a.seq_len), "--steps", str(a.steps),
                            "--threads", str(a.threads), "--metrics", metrics, "--seed", str(1337 + i)]
         # The wrapper outside mpirun: wait4's ru_maxrss is then the largest of its descendants
-        # (fsdp-train), and RANK=i names its file.
+        # (fsdp-train), and BENCH_PROCESS=i names its file.
         return wrap + [a.mpirun, "--allow-run-as-root", "--bind-to", "none", "-x", "OMP_NUM_THREADS",
                 "-x", "MKL_NUM_THREADS", "-n", "1", a.binary, "--model", preset,
                 "--strategy", "full_shard", "--global-batch-size", g, "--seq-len", str(a.seq_len),
@@ -146,7 +152,7 @@ class Runner:
         sequences taking G*T / (sum over processes of tokens / step_time_s): the aggregate
         tokens/s of the independent-process limit. Writes run_dir/metrics.jsonl in fsdp-train's
         format; returns (exit code, combined log)."""
-        env = [dict(self.env, RANK=str(i)) for i in range(n)]
+        env = [dict(self.env, BENCH_PROCESS=str(i)) for i in range(n)]
         cmds = [self.independent_cmd(impl, preset, n, i, run_dir) for i in range(n)]
         with open(os.path.join(run_dir, "cmd.txt"), "w") as f:
             f.write("".join(" ".join(c) + " &\n" for c in cmds))
@@ -290,6 +296,9 @@ def main():
     ap.add_argument("--plain-binary", default=os.path.join(ROOT, "build-bench", "bin", "fsdp-plain-loop"))
     ap.add_argument("--data-dir", default=os.path.join(ROOT, "data"))
     ap.add_argument("--mpirun", default="mpirun")
+    ap.add_argument("--backend", choices=["mpi", "gloo"], default="mpi",
+                    help="gloo: each fsdp-train strategy also runs under torchrun over Gloo (STRATEGY@gloo), "
+                         "beside its mpirun run over MPI")
     ap.add_argument("--out", default=None)
     ap.add_argument("--run-timeout", type=int, default=300)
     a = ap.parse_args()
@@ -323,6 +332,8 @@ def main():
                            stderr=subprocess.STDOUT, text=True, timeout=120)
         if p.returncode == 0:
             ours.append("ours-" + s)
+            if a.backend == "gloo":
+                ours.append("ours-" + s + "@gloo")
         else:
             msg = next((l for l in p.stdout.splitlines() if "error" in l), p.stdout.strip()[-300:])
             notes.append(f"`--strategy {s}` skipped: fsdp-train exited {p.returncode}: {msg.strip()}")

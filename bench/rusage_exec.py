@@ -3,7 +3,8 @@
     mpirun -n N python3 bench/rusage_exec.py DIR -- build-bench/bin/fsdp-train ...
 
 Writes DIR/rss_rank<R>.json = {"rank": R, "maxrss_bytes", "utime_s", "stime_s", "rc"}, R from
-OMPI_COMM_WORLD_RANK / RANK (0 if neither), and exits with the child's exit status. The wrapper
+BENCH_PROCESS (compare.py's independent processes),
+OMPI_COMM_WORLD_RANK or RANK (0 if none), and exits with the child's exit status. The wrapper
 itself only waits (no CPU while the child runs); the child's ru_maxrss is its own, not the wrapper's.
 """
 import json
@@ -16,7 +17,7 @@ def main() -> int:
         print(__doc__, file=sys.stderr)
         return 2
     out_dir, cmd = sys.argv[1], sys.argv[3:]
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
+    rank = int(os.environ.get("BENCH_PROCESS", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0"))))
     pid = os.fork()
     if pid == 0:
         try:

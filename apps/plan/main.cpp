@@ -2,6 +2,7 @@
 //
 //   fsdp-plan --model llama2-13b --world-size 64 --mixed-precision bf16 --profile h100 [--json]
 //   mpirun -n N fsdp-plan --calibrate --out PROFILE.json [--model micro --seq-len 128]
+//   torchrun --no-python --nproc-per-node N fsdp-plan --calibrate --out PROFILE.json
 //   fsdp-plan --profile PROFILE.json --model micro --world-size 2 ...
 //
 // Contents (apps/plan/)
@@ -9,13 +10,11 @@
 //   plan_flags.*    every flag (CLI11) and the planner inputs they resolve to (model preset and
 //                   overrides, fsdp-train's batch geometry, profile, memory).
 //   report.*        the terminal tables and the recommendation.
-//   calibrate.*     --calibrate: collectives over the MPI group, at::mm rates, the profile file.
+//   calibrate.*     --calibrate: collectives over the world group (MPI or Gloo), at::mm rates, the profile file.
 // The formulas are the planner library's (include/fsdp/planner/, docs/planner.md).
 //
 // Exit codes: 0 done (or --help); 2 a bad flag or setting (one line on stderr); 1 any other error
 // (under --calibrate, a rank's error aborts the job: its peers may wait in a collective).
-#include <mpi.h>
-
 #include <unistd.h>
 
 #include <exception>
@@ -23,7 +22,8 @@
 #include <fstream>
 #include <iostream>
 
-#include "fsdp/comm/mpi_backend.h"
+#include "fsdp/comm/job_channel.h"
+#include "fsdp/comm/world.h"
 #include "fsdp/common/check.h"
 #include "plan/calibrate.h"
 #include "plan/plan_flags.h"
@@ -33,27 +33,21 @@ namespace {
 
 using apps::plan::launcher_rank;
 
-// This process's rank: MPI's when initialised (--calibrate), else the launcher's (planning runs
-// no collective and initialises no MPI: under `mpirun -n N` only rank 0 prints).
+// This process's rank: the job's once a world group exists (--calibrate), else the launcher's
+// (planning runs no collective and starts no MPI or Gloo: under `mpirun -n N` only rank 0 prints).
 int this_rank() {
-  int init = 0, rank = 0;
-  MPI_Initialized(&init);
-  if (!init) return launcher_rank();
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
+  const fsdp::comm::JobChannel& job = fsdp::comm::job_channel();
+  return job.size() > 1 ? job.rank() : launcher_rank();
 }
 
-// After a runtime error under an initialised MPI job of more than one rank: the peers may wait in
-// a collective this rank will never join, so the job is aborted (exit 1 everywhere).
+// After a runtime error in a job of more than one rank: the peers may wait in a collective this
+// rank will never join, so the job is aborted (exit 1 everywhere).
 void abort_peers() {
-  int init = 0, size = 1;
-  MPI_Initialized(&init);
-  if (init) MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (fsdp::comm::job_channel().size() > 1) fsdp::comm::job_channel().abort_job(1);
 }
 
 int run_calibrate(const apps::plan::PlanFlags& flags) {
-  fsdp::comm::ProcessGroupPtr world = fsdp::comm::mpi_world();
+  fsdp::comm::ProcessGroupPtr world = fsdp::comm::world_from_env(flags.backend);
   {  // --out is checked before anything is measured, on every rank alike (the same path)
     const std::filesystem::path out(flags.out);
     const std::filesystem::path dir = out.parent_path().empty() ? std::filesystem::path(".") : out.parent_path();

@@ -1,5 +1,7 @@
 #include "plan/plan_flags.h"
 
+#include "fsdp/comm/world.h"
+
 #include <CLI/CLI.hpp>
 
 #include <cmath>
@@ -47,12 +49,7 @@ bool is_llama(const std::string& model) {
 
 }  // namespace
 
-int launcher_rank() {
-  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
-    if (const char* v = std::getenv(var)) return std::atoi(v);
-  }
-  return 0;
-}
+int launcher_rank() { return fsdp::comm::launcher_rank(); }
 
 std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* exit_code) {
   PlanFlags f;
@@ -158,6 +155,8 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
                "step update per tensor size; writes --out")
       ->group("Calibration");
   app.add_option("--out", f.out, "--calibrate: the profile file to write")->group("Calibration");
+  app.add_option("--backend", f.backend, "--calibrate: collectives over mpi (mpirun) or gloo (torchrun); auto: "
+                 "gloo under torchrun, else mpi")->check(CLI::IsMember({"auto", "mpi", "gloo"}))->group("Calibration");
   app.add_option("--threads", f.threads, "--calibrate: intra-op threads per rank")->check(positive)->group("Calibration");
   app.add_option("--name", f.name, "--calibrate: the profile's name")->group("Calibration");
 

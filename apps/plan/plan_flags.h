@@ -52,6 +52,7 @@ struct PlanFlags {
   // Calibration
   bool calibrate = false;
   std::string out;          ///< --calibrate: the profile file to write
+  std::string backend = "auto";  ///< --calibrate: the group's backend, auto (gloo under torchrun) | mpi | gloo
   int threads = 1;          ///< --calibrate: intra-op threads per rank
   std::string name;         ///< --calibrate: the profile's name ("" = "calibrated")
 };
@@ -61,8 +62,8 @@ struct PlanFlags {
 /// stderr). Only `rank` 0 prints (every rank of an mpirun job parses the same argv).
 std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* exit_code);
 
-/// The rank an MPI launcher gave this process, from its environment (OMPI_COMM_WORLD_RANK,
-/// PMIX_RANK or PMI_RANK; 0 when not launched by one). Needs no MPI_Init.
+/// The rank the launcher gave this process, from its environment (OMPI_COMM_WORLD_RANK,
+/// PMIX_RANK, PMI_RANK or torchrun's RANK; 0 when not launched by one). Needs no MPI_Init.
 int launcher_rank();
 
 /// The planner's inputs for `flags`: the model (preset + overrides), batch geometry (as fsdp-train

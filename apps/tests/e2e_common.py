@@ -1,6 +1,7 @@
 """What the end-to-end tests of fsdp-train share (train_e2e.py, train_checkpoint_e2e.py,
 train_hf_e2e.py, train_inputs.py, train_files_e2e.py): the tiny run's flags, launching it under
-mpirun, reading its metrics, and the checks."""
+mpirun (or torchrun over Gloo when FSDP_E2E_LAUNCHER=torchrun), reading its metrics, and the
+checks."""
 import argparse
 import json
 import os
@@ -16,9 +17,23 @@ TINY = ["--model", "nano", "--n-layer", "2", "--n-embd", "64", "--global-batch-s
         "--warmup-steps", "2"]
 
 
+def launcher():
+    """"mpirun" (default) or "torchrun" (FSDP_E2E_LAUNCHER): how the tests start their ranks."""
+    name = os.environ.get("FSDP_E2E_LAUNCHER", "mpirun")
+    if name not in ("mpirun", "torchrun"):
+        raise SystemExit("FSDP_E2E_LAUNCHER=%r: expected mpirun or torchrun" % name)
+    return name
+
+
+def launch_prefix(n):
+    """The command that starts n ranks of the program that follows it."""
+    if launcher() == "torchrun":
+        return ["torchrun", "--no-python", "--standalone", "--nproc-per-node", str(n)]
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n)]
+
+
 def launch(args, n, opts, expect_ok=True):
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), opts.bin,
-           "--data-dir", opts.data_dir] + TINY + args
+    cmd = launch_prefix(n) + [opts.bin, "--data-dir", opts.data_dir] + TINY + args
     env = dict(os.environ, OMP_NUM_THREADS="1")
     t0 = time.time()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -67,8 +82,7 @@ def write_manifest(path, man):
 
 
 def run(args, n, opts, env=None):
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), opts.bin,
-           "--data-dir", opts.data_dir] + TINY + args
+    cmd = launch_prefix(n) + [opts.bin, "--data-dir", opts.data_dir] + TINY + args
     e = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     t0 = time.time()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e,
@@ -101,8 +115,8 @@ def run_main(tests, prefix, plan=False):
         ap.add_argument("--plan", help="fsdp-plan")
     ap.add_argument("--data-dir", required=True)
     opts = ap.parse_args()
-    if shutil.which("mpirun") is None:
-        print("SKIP: no mpirun")
+    if shutil.which(launcher()) is None:
+        print("SKIP: no " + launcher())
         return 77
     if not os.path.isfile(os.path.join(opts.data_dir, "spm_8192.model")):
         print("SKIP: no data in %s (run scripts/prepare_data.sh %s)" % (opts.data_dir, opts.data_dir))

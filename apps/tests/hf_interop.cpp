@@ -22,7 +22,7 @@
 
 #include "fsdp/accounting/memory.h"
 #include "fsdp/checkpoint/safetensors.h"
-#include "fsdp/comm/mpi_backend.h"
+#include "fsdp/comm/world.h"
 #include "fsdp/fsdp.h"
 #include "models/gpt.h"
 #include "models/model_config.h"
@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);
   fsdp::accounting::install_counting_allocator();
-  auto world = fsdp::comm::mpi_world();
+  fsdp::comm::init_launcher();
+  auto world = fsdp::comm::world_from_env("auto");
   const int rank = world->rank(), n = world->size();
   try {
     fsdp::FullyShardOptions o;

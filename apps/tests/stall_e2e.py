@@ -16,8 +16,10 @@
       The MPI test in which ranks route to different units (an fsdp::Error of kind mismatch on
       every rank) runs with FSDP_FLIGHT_RECORDER_DIR set; fsdp-diagnose on its dumps names the
       collective and the units each side ran.
+  --launcher torchrun runs either under torchrun over Gloo (the bound on the job's end adds
+  torchrun's 30 s stop grace for the stopped rank).
 
-Exit 0: pass; 77: skipped (no data / no mpirun); anything else: fail.
+Exit 0: pass; 77: skipped (no data / no launcher); anything else: fail.
 """
 import argparse
 import os
@@ -32,6 +34,21 @@ import time
 TIMEOUT_S = 5
 # The bound the issue sets (timeout + 15 s), plus the time to notice and reap the processes.
 EXIT_BOUND_S = TIMEOUT_S + 15 + 5
+# Under torchrun (--launcher torchrun, Gloo) the agent stops the job when the first rank exits: it
+# sends SIGTERM and waits up to 30 s before SIGKILL, and a stopped rank acts on SIGTERM only once
+# continued, so the stopped rank's end takes that grace more.
+TORCHRUN_STOP_GRACE_S = 30
+LAUNCHER = "mpirun"
+
+
+def launch_prefix(n):
+    if LAUNCHER == "torchrun":
+        return ["torchrun", "--no-python", "--standalone", "--nproc-per-node", str(n)]
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n)]
+
+
+def exit_bound_s():
+    return EXIT_BOUND_S + (TORCHRUN_STOP_GRACE_S if LAUNCHER == "torchrun" else 0)
 
 
 def fail(msg):
@@ -40,7 +57,8 @@ def fail(msg):
 
 
 def rank_pids(marker):
-    """{rank: pid} of the processes whose command line contains marker (OMPI_COMM_WORLD_RANK)."""
+    """{rank: pid} of the processes whose command line contains marker (OMPI_COMM_WORLD_RANK, or
+    torchrun's RANK: the agent itself has none)."""
     out = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -54,6 +72,8 @@ def rank_pids(marker):
                 env = dict(kv.split("=", 1) for kv in f.read().decode(errors="replace").split("\0") if "=" in kv)
             if "OMPI_COMM_WORLD_RANK" in env:
                 out[int(env["OMPI_COMM_WORLD_RANK"])] = int(pid)
+            elif "RANK" in env and "TORCHELASTIC_RUN_ID" in env:
+                out[int(env["RANK"])] = int(pid)
         except (OSError, ValueError):
             continue
     return out
@@ -69,8 +89,7 @@ def run_diagnose(opts, fr_dir):
 def test_stall(opts, n, tmp):
     fr_dir = os.path.join(tmp, "flight-recorder")
     metrics = os.path.join(tmp, "metrics.jsonl")
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), opts.bin,
-           "--data-dir", opts.data_dir, "--model", "nano", "--n-layer", "2", "--n-embd", "64",
+    cmd = launch_prefix(n) + [opts.bin, "--data-dir", opts.data_dir, "--model", "nano", "--n-layer", "2", "--n-embd", "64",
            "--global-batch-size", "4", "--seq-len", "32", "--eval-every", "0", "--progress", "lines",
            "--steps", "100000", "--collective-timeout", str(TIMEOUT_S), "--flight-recorder-dir", fr_dir,
            "--metrics", metrics]
@@ -97,17 +116,17 @@ def test_stall(opts, n, tmp):
         os.kill(stopped, signal.SIGSTOP)
         t_stop = time.time()
         try:
-            p.wait(timeout=EXIT_BOUND_S + 30)
+            p.wait(timeout=exit_bound_s() + 30)
         except subprocess.TimeoutExpired:
-            fail(f"the job still runs {EXIT_BOUND_S + 30} s after rank {victim} stopped: it hangs")
+            fail(f"the job still runs {exit_bound_s() + 30} s after rank {victim} stopped: it hangs")
         took = time.time() - t_stop
         log.seek(0)
         out = log.read()
         print(f"N={n}: rank {victim} stopped; job exited with rc {p.returncode} after {took:.1f} s")
         if p.returncode == 0:
             fail("the job exited 0 after a rank stalled")
-        if took > EXIT_BOUND_S:
-            fail(f"the job took {took:.1f} s to end, bound {EXIT_BOUND_S} s")
+        if took > exit_bound_s():
+            fail(f"the job took {took:.1f} s to end, bound {exit_bound_s()} s")
         m = re.search(r"timed out[^\n]*#(\d+)", out) or re.search(r"#(\d+)[^\n]*timed out", out)
         if not m:
             fail(f"no message names the timed-out collective:\n{out[-3000:]}")
@@ -149,7 +168,7 @@ def test_stall(opts, n, tmp):
 def test_checkpoint_stall(opts, n, tmp, phase, victim):
     fr_dir = os.path.join(tmp, "fr-" + phase)
     ck = os.path.join(tmp, "ck-" + phase)
-    mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), opts.bin]
+    mpirun = launch_prefix(n) + [opts.bin]
     base = ["--data-dir", opts.data_dir, "--model", "nano", "--n-layer", "2", "--n-embd", "64",
             "--global-batch-size", "4", "--seq-len", "32", "--eval-every", "0", "--progress", "lines",
             "--collective-timeout", str(TIMEOUT_S), "--save", ck]
@@ -166,9 +185,9 @@ def test_checkpoint_stall(opts, n, tmp, phase, victim):
     t0 = time.time()
     try:
         p = subprocess.run(mpirun + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env=dict(env, FSDP_TRAIN_INJECT_STALL=f"{phase}:{victim}"), timeout=EXIT_BOUND_S + 90)
+                           env=dict(env, FSDP_TRAIN_INJECT_STALL=f"{phase}:{victim}"), timeout=exit_bound_s() + 90)
     except subprocess.TimeoutExpired:
-        fail(f"N={n}: rank {victim} stalled in the {phase}: the job still runs after {EXIT_BOUND_S + 90} s")
+        fail(f"N={n}: rank {victim} stalled in the {phase}: the job still runs after {exit_bound_s() + 90} s")
     out = p.stdout
     print(f"N={n}: rank {victim} stalled in the checkpoint {phase}; job exited with rc {p.returncode} "
           f"after {time.time() - t0:.1f} s")
@@ -194,7 +213,9 @@ def test_checkpoint_stall(opts, n, tmp, phase, victim):
 def test_diverge(opts, n, tmp):
     fr_dir = os.path.join(tmp, "flight-recorder")
     env = dict(os.environ, OMP_NUM_THREADS="1", FSDP_FLIGHT_RECORDER_DIR=fr_dir)
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), opts.mpi_tests,
+    if LAUNCHER == "torchrun":
+        env["FSDP_TEST_BACKEND"] = "gloo"
+    cmd = launch_prefix(n) + [opts.mpi_tests,
            "--gtest_filter=Correctness.RanksCallingDifferentUnitsAreNamedNotPaired"]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=120)
     if p.returncode != 0:
@@ -216,9 +237,13 @@ def main():
     ap.add_argument("--mpi-tests")
     ap.add_argument("--diagnose", required=True)
     ap.add_argument("--data-dir", default="data")
+    ap.add_argument("--launcher", choices=["mpirun", "torchrun"], default="mpirun",
+                    help="torchrun: the ranks over Gloo")
     opts = ap.parse_args()
-    if shutil.which("mpirun") is None:
-        print("SKIP: mpirun not found")
+    global LAUNCHER
+    LAUNCHER = opts.launcher
+    if shutil.which(LAUNCHER) is None:
+        print(f"SKIP: {LAUNCHER} not found")
         return 77
     if opts.mode == "stall" and not os.path.exists(os.path.join(opts.data_dir, "spm_8192.model")):
         print(f"SKIP: no prepared data in {opts.data_dir} (scripts/prepare_data.sh)")

@@ -1,7 +1,5 @@
 #include "train/failures.h"
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -11,6 +9,8 @@
 
 #include "diagnose/diagnosis.h"
 #include "fsdp/accounting/budget.h"
+#include "fsdp/comm/job_channel.h"
+#include "fsdp/comm/world.h"
 #include "fsdp/common/check.h"
 #include "train/errors.h"
 
@@ -30,8 +30,7 @@ void diagnose_timeout(int rank, const std::string& dir) {
       std::this_thread::sleep_for(std::chrono::seconds(5));
       return;
     }
-    int world = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    const int world = fsdp::comm::job_channel().size();
     std::cerr << "fsdp-train [rank " << rank << "]: diagnosis (fsdp-diagnose " << dir << "): "
               << diagnose::diagnose(dumps, world) << std::endl;
   } catch (const std::exception& e) {
@@ -41,21 +40,11 @@ void diagnose_timeout(int rank, const std::string& dir) {
 
 // Every rank's verdict (element r: rank r's `mine`) once every rank reached this call within
 // agree_s seconds; empty when some did not (their peers are then still training or blocked in a
-// collective). Uses MPI_COMM_WORLD itself, which no process group communicates on (they use
-// duplicates).
+// collective). Over the job's own channel (MPI_COMM_WORLD, or the Gloo rendezvous store), which no
+// process group communicates on.
 std::vector<int> verdicts_of_all_ranks(int mine, int size, double agree_s) {
   if (size <= 1) return {mine};
-  std::vector<int> all(static_cast<size_t>(size), 0);
-  MPI_Request request;
-  if (MPI_Iallgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD, &request) != MPI_SUCCESS) return {};
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(agree_s);
-  for (;;) {
-    int done = 0;
-    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return {};
-    if (done) return all;
-    if (std::chrono::steady_clock::now() > deadline) return {};  // the abort cancels the request
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  return fsdp::comm::job_channel().gather_ints(mine, agree_s);
 }
 
 // What a rank reports to the agreement after a failed step.
@@ -64,11 +53,8 @@ enum Verdict : int { kRefused = 1, kAbandoned = 2 };
 }  // namespace
 
 int world_rank() {
-  int init = 0, fin = 0, rank = 0;
-  MPI_Initialized(&init);
-  MPI_Finalized(&fin);
-  if (init && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
+  const fsdp::comm::JobChannel& job = fsdp::comm::job_channel();
+  return job.size() > 1 ? job.rank() : fsdp::comm::launcher_rank();
 }
 
 fsdp::comm::ProcessGroupOptions group_options(const TrainConfig& c) {
@@ -91,10 +77,7 @@ fsdp::comm::ProcessGroupOptions group_options(const TrainConfig& c) {
 int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder_dir, double agree_s,
                     const std::string& strategy) {
   const int rank = world_rank();
-  int size = 1;
-  int init = 0;
-  MPI_Initialized(&init);
-  if (init) MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const int size = fsdp::comm::job_channel().size();
   try {
     std::rethrow_exception(error);
   } catch (const UsageError& e) {
@@ -148,7 +131,7 @@ int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder
     std::cerr << "fsdp-train [rank " << rank << "]: error: unknown exception" << std::endl;
   }
   // Peers may be blocked in a collective: abort the whole job instead of hanging.
-  if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (size > 1) fsdp::comm::job_channel().abort_job(1);
   return 1;
 }
 

@@ -18,7 +18,7 @@
 
 namespace apps::train {
 
-/// This process's rank in MPI_COMM_WORLD (0 before MPI is initialised).
+/// This process's rank in the job (its job channel's, or its launcher's before the world group).
 int world_rank();
 
 /// The world group's options: --collective-timeout / FSDP_COLLECTIVE_TIMEOUT_S, and the flight
@@ -29,8 +29,8 @@ fsdp::comm::ProcessGroupOptions group_options(const TrainConfig& config);
 /// Reports `error` as described above and returns the exit code (or aborts the job).
 ///
 /// fsdp::OutOfMemory (the --memory-budget refused an allocation): the budget is lifted, then the
-/// ranks agree without the process group (a non-blocking all-gather on MPI_COMM_WORLD, waited for
-/// at most agree_s seconds). A rank whose step was abandoned because a peer's failed
+/// ranks agree without the process group (fsdp::comm::job_channel(): MPI_COMM_WORLD or the Gloo store,
+/// waited for at most agree_s seconds). A rank whose step was abandoned because a peer's failed
 /// (fsdp::Error, kStepAbandoned) joins the same agreement. When every rank joins and at least one
 /// was refused (every rank, the usual case, or some when the ranks' refusal points differ), the
 /// lowest refused rank prints one line ("out of memory on every rank (N of N)" or "on K of N

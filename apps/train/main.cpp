@@ -1,6 +1,8 @@
-// fsdp-train: trains a GPT-2-style model on real text with Fully Sharded Data Parallel over MPI.
+// fsdp-train: trains a GPT-2-style model on real text with Fully Sharded Data Parallel over MPI
+// or Gloo (--backend; auto: gloo under torchrun).
 //
 //   mpirun -n N build/bin/fsdp-train [flags]        (--help lists them; --config FILE.toml)
+//   torchrun --no-python --nproc-per-node N build/bin/fsdp-train [flags]
 //
 // Contents (apps/train/)
 //   main.cpp          this file: the flags, the world group, the trainer, exceptions -> exit codes.
@@ -34,7 +36,7 @@
 
 #include "fsdp/accounting/budget.h"
 #include "fsdp/accounting/memory.h"
-#include "fsdp/comm/mpi_backend.h"
+#include "fsdp/comm/world.h"
 #include "train/checkpointing.h"
 #include "train/dry_run.h"
 #include "train/errors.h"
@@ -47,7 +49,7 @@ int main(int argc, char** argv) {
   std::string flight_recorder_dir, strategy;
   double agree_s = 30.0;
   try {
-    fsdp::comm::init_mpi();
+    fsdp::comm::init_launcher();
     const int rank = apps::train::world_rank();
     int exit_code = 0;
     std::optional<apps::train::TrainConfig> config = apps::train::parse_train_config(argc, argv, rank, &exit_code);
@@ -56,13 +58,13 @@ int main(int argc, char** argv) {
     const fsdp::comm::ProcessGroupOptions options = apps::train::group_options(*config);
     flight_recorder_dir = options.flight_recorder_dir;
     agree_s = std::min(agree_s, options.timeout_s);
-    fsdp::comm::ProcessGroupPtr world = fsdp::comm::mpi_world(options);
+    fsdp::comm::ProcessGroupPtr world = fsdp::comm::world_from_env(config->backend, options);
     // Before anything else: every rank was launched with the same settings.
     apps::train::check_ranks_agree(apps::train::shared_settings(*config), *world,
                                    "launch every rank with the same flags and config file");
     if (config->dry_run) {
       if (world->size() > 1) {
-        throw apps::train::UsageError("--dry-run simulates --world-size ranks in one process: run it without mpirun");
+        throw apps::train::UsageError("--dry-run simulates --world-size ranks in one process: run it without mpirun or torchrun");
       }
       std::fputs(apps::train::format_dry_run(apps::train::run_dry_run(*config), *config).c_str(), stdout);
       return 0;

@@ -16,8 +16,9 @@ namespace apps::train {
 std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, int* exit_code) {
   TrainConfig c;
   CLI::App app{
-      "fsdp-train: trains a GPT-2-style or Llama-2-style model with Fully Sharded Data Parallel over MPI.\n"
-      "Launch: mpirun -n N fsdp-train [flags]. Rank 0 prints; every rank runs the same flags."};
+      "fsdp-train: trains a GPT-2-style or Llama-2-style model with Fully Sharded Data Parallel over MPI or Gloo.\n"
+      "Launch: mpirun -n N fsdp-train [flags], or torchrun --no-python --nproc-per-node N fsdp-train [flags]. "
+      "Rank 0 prints; every rank runs the same flags."};
   // One line per error, like every other failure of fsdp-train (CLI11's default adds a second).
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return std::string("fsdp-train: error: ") + e.what() + " (see --help)\n";
@@ -212,6 +213,10 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--trace", c.trace,
                  "Write a Chrome trace (chrome://tracing, Perfetto) of all ranks to this path")
       ->group("Output");
+  app.add_option("--backend", c.backend,
+                 "Collectives over 'mpi' (launch with mpirun) or 'gloo' (launch with torchrun, or set RANK, "
+                 "WORLD_SIZE, MASTER_ADDR, MASTER_PORT); 'auto': gloo under torchrun, else mpi")
+      ->check(CLI::IsMember({"auto", "mpi", "gloo"}))->group("Output");
   app.add_option("--collective-timeout", c.collective_timeout_s,
                  "Seconds a collective may take before the job stops with a diagnosis of who is where "
                  "(default: FSDP_COLLECTIVE_TIMEOUT_S, else 600)")

@@ -90,6 +90,8 @@ struct TrainConfig {
   std::string metrics;  ///< JSON-lines path (rank 0)
   std::string trace;    ///< Chrome trace path
   std::string profile;        ///< libtorch operator profile (Chrome trace) path; "" = off
+  /// The world group's backend: auto (gloo under torchrun, else mpi) | mpi | gloo.
+  std::string backend = "auto";
   /// Seconds a collective may take before the job is stopped with a diagnosis (unset:
   /// FSDP_COLLECTIVE_TIMEOUT_S, else 600).
   std::optional<double> collective_timeout_s;

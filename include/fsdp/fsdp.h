@@ -8,10 +8,15 @@
 #include "fsdp/checkpoint/import_optimizer.h"
 #include "fsdp/comm/backend.h"
 #include "fsdp/comm/exposed_wait.h"
+#include "fsdp/comm/gloo_backend.h"
+#include "fsdp/comm/job_channel.h"
+#if FSDP_WITH_MPI
 #include "fsdp/comm/mpi_backend.h"
+#endif
 #include "fsdp/comm/process_group.h"
 #include "fsdp/comm/simulated_backend.h"
 #include "fsdp/comm/threaded_backend.h"
+#include "fsdp/comm/world.h"
 #include "fsdp/common/activity.h"
 #include "fsdp/common/check.h"
 #include "fsdp/common/cpu_info.h"

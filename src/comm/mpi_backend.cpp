@@ -143,6 +143,7 @@ void init_mpi() {
 
 ProcessGroupPtr mpi_world(const ProcessGroupOptions& options) {
   init_mpi();
+  install_mpi_job_channel();
   MPI_Comm dup;
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup");
   return std::make_shared<ProcessGroup>(std::make_unique<MpiBackend>(dup), options, "world");

@@ -1,10 +1,13 @@
-// gtest main for the `mpi` tier: every rank runs the same tests; rank 0 prints everything, the
-// others their failures only; the exit code
-// is non-zero on every rank if any rank failed.
+// gtest main for the `mpi` and `gloo` tiers: every rank runs the same tests; rank 0 prints
+// everything, the others their failures only; the exit code is non-zero on every rank if any rank
+// failed. FSDP_TEST_BACKEND (auto, mpi or gloo; default auto: gloo under torchrun, MPI under
+// mpirun) chooses the world group's backend, so that the same tests run over both.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "fsdp/accounting/memory.h"
-#include "fsdp/comm/mpi_backend.h"
+#include "fsdp/comm/world.h"
 #include "mpi_world.h"
 
 namespace fsdp_test {
@@ -17,8 +20,8 @@ std::shared_ptr<fsdp::comm::ProcessGroup>& world() {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   fsdp::accounting::install_counting_allocator();
-  fsdp::comm::init_mpi();
-  auto world = fsdp::comm::mpi_world();
+  const char* backend = std::getenv("FSDP_TEST_BACKEND");
+  auto world = fsdp::comm::world_from_env(backend && *backend ? backend : "auto");
   fsdp_test::world() = world;
   at::set_num_threads(1);
   if (world->rank() != 0) ::testing::GTEST_FLAG(brief) = true;  // other ranks print failures only

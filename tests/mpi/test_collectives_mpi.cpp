@@ -15,11 +15,12 @@ TEST(MpiCollectives, ClosedFormAllOps) {
   fsdp_test::check_validation(*fsdp_test::world());
 }
 
-// The host layout MPI reports (ProcessGroup::host_of_ranks) against two independent sources: the
-// host names of the ranks (gethostname; test hosts have their own) and the launcher's count of
-// ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE). Split groups inherit the layout of their
-// members, and the stats' host split follows it. Under plain `mpirun -n N` every rank is on one
-// host; tests/multi_host runs this on 2 test hosts x 2 ranks.
+// The host layout the backend reports (ProcessGroup::host_of_ranks) against two independent
+// sources: the host names of the ranks (gethostname; test hosts have their own) and the
+// launcher's count of ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE; torchrun:
+// LOCAL_WORLD_SIZE). Split groups inherit the layout of their members, and the stats' host split
+// follows it. Under plain `mpirun -n N` (or torchrun) every rank is on one host; tests/multi_host
+// runs this on 2 test hosts x 2 ranks.
 TEST(MpiHosts, LayoutMatchesHostNamesAndTheLauncher) {
   auto& world = *fsdp_test::world();
   char name[256] = {0};
@@ -33,8 +34,8 @@ TEST(MpiHosts, LayoutMatchesHostNamesAndTheLauncher) {
           << "ranks " << a << " (" << names[a] << ") and " << b << " (" << names[b] << ")";
     }
   }
-  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) {
-    EXPECT_EQ(world.ranks_on_my_host(), std::atoi(local));
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"}) {  // mpirun, torchrun
+    if (const char* local = std::getenv(var)) EXPECT_EQ(world.ranks_on_my_host(), std::atoi(local)) << var;
   }
   // One rank of each host position: {ranks with the same index on their host}.
   int index_on_host = 0;

@@ -47,7 +47,9 @@ int64_t cores_available(fsdp::comm::ProcessGroup& g) {
 }
 
 int64_t ranks_on_this_node(int64_t world) {
-  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max(1, std::atoi(s));
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"}) {  // mpirun, torchrun
+    if (const char* s = std::getenv(var)) return std::max(1, std::atoi(s));
+  }
   return world;
 }
 

@@ -21,7 +21,7 @@ double memory_copy_rate(WorkTimer& timer);
 // node's ranks 2). Collective: every rank calls it.
 int64_t cores_available(fsdp::comm::ProcessGroup& g);
 
-/// The ranks on this node: the launcher's OMPI_COMM_WORLD_LOCAL_SIZE, else every rank of `world`.
+/// The ranks on this node: the launcher's OMPI_COMM_WORLD_LOCAL_SIZE (torchrun: LOCAL_WORLD_SIZE), else every rank of `world`.
 int64_t ranks_on_this_node(int64_t world);
 
 }  // namespace apps::plan::calibration

@@ -13,7 +13,12 @@ namespace fsdp::comm {
 /// thread level. Idempotent; call before any other MPI use of the process.
 void init_mpi();
 
-/// The group of all processes (MPI_COMM_WORLD, duplicated), named "world". Calls init_mpi() first.
+/// Installs the JobChannel over MPI_COMM_WORLD (job_channel.h). Needs init_mpi() first; called by
+/// mpi_world().
+void install_mpi_job_channel();
+
+/// The group of all processes (MPI_COMM_WORLD, duplicated), named "world". Calls init_mpi() first,
+/// then install_mpi_job_channel().
 /// Collective: every process calls it once, before any other fsdp-cpp collective.
 ProcessGroupPtr mpi_world(const ProcessGroupOptions& options = ProcessGroupOptions::from_env());
 

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""fsdp-train under torchrun over Gloo, run by ctest (apps/CMakeLists.txt).
+
+  torchrun_e2e.py parity --bin build/bin/fsdp-train --data-dir ./data
+      `torchrun --no-python --standalone --nproc-per-node 2 fsdp-train ...` trains one job of 2
+      ranks (the summary says "2 rank(s)", one metrics file) whose losses and gradient norms
+      equal those of `mpirun -n 2` bit for bit, in fp32 and bf16; --backend mpi under torchrun is
+      refused with one error line.
+
+  torchrun_e2e.py restart --bin build/bin/fsdp-train --data-dir ./data
+      Elastic restart: a job under `torchrun --max-restarts 1` with --save-every and
+      --resume auto loses a rank to SIGKILL after a checkpoint; torchrun restarts the job, which
+      resumes from the newest complete checkpoint, and its losses from there to the end equal an
+      uninterrupted run's bit for bit (N = 2). The checkpoint also continues at N = 1 and 3 with
+      losses within 1e-4 relative of the uninterrupted run.
+
+Exit 0: pass; 77: skipped (no data / no torchrun / no mpirun); anything else: fail.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_common import TINY, check, events, launch, losses, max_rel, run_main  # noqa: E402
+
+
+def torchrun_cmd(n, opts, args, extra=()):
+    return (["torchrun", "--no-python", "--standalone", "--nproc-per-node", str(n)] + list(extra) +
+            [opts.bin, "--data-dir", opts.data_dir] + TINY + args)
+
+
+def torchrun(n, opts, args, extra=(), expect_ok=True):
+    cmd = torchrun_cmd(n, opts, args, extra)
+    t0 = time.time()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    if expect_ok and p.returncode != 0:
+        sys.stderr.write(p.stdout[-4000:] + p.stderr[-4000:])
+        raise SystemExit("FAIL: exit %d: %s" % (p.returncode, " ".join(cmd)))
+    print("  torchrun n=%d %.1fs rc=%d: %s" % (n, time.time() - t0, p.returncode, " ".join(args)), flush=True)
+    return p
+
+
+def norms(path):
+    return {e["step"]: e["grad_norm"] for e in events(path, "step")}
+
+
+def test_parity(opts, tmp):
+    if shutil.which("mpirun") is None:  # a build without MPI: nothing to compare with
+        print("SKIP: no mpirun")
+        sys.exit(77)
+    for precision in ("fp32", "bf16"):
+        flags = ["--steps", "6", "--mixed-precision", precision, "--strategy", "full_shard"]
+        m_mpi, m_gloo = os.path.join(tmp, "mpi.jsonl"), os.path.join(tmp, "gloo.jsonl")
+        launch(flags + ["--metrics", m_mpi], 2, opts)
+        p = torchrun(2, opts, flags + ["--metrics", m_gloo])
+        out = p.stdout + p.stderr
+        check("2 rank(s)" in out and "1 rank(s)" not in out, "%s: torchrun runs one job of 2 ranks" % precision)
+        a, b = losses(m_mpi), losses(m_gloo)
+        check(sorted(b) == list(range(1, 7)), "%s: 6 steps over gloo" % precision)
+        check(a == b, "%s: losses over gloo equal mpirun's bit for bit: %r" % (precision, [b[s] for s in sorted(b)]))
+        check(norms(m_mpi) == norms(m_gloo), "%s: gradient norms equal bit for bit" % precision)
+    p = torchrun(2, opts, ["--steps", "2", "--backend", "mpi"], expect_ok=False)
+    lines = [l for l in (p.stdout + p.stderr).splitlines() if "fsdp-train" in l and "error:" in l]
+    check(p.returncode != 0 and lines and "torchrun" in lines[0], "--backend mpi under torchrun fails: %r"
+          % (lines[0][:200] if lines else ""))
+
+
+def rank_pids(marker):
+    """{rank: pid} of torchrun's ranks whose command line contains marker (the agent has no RANK)."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                if marker not in f.read().decode(errors="replace"):
+                    continue
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                env = dict(kv.split("=", 1) for kv in f.read().decode(errors="replace").split("\0") if "=" in kv)
+            if "RANK" in env and "TORCHELASTIC_RUN_ID" in env:
+                out[int(env["RANK"])] = int(pid)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def test_restart(opts, tmp):
+    steps = 24
+    flags = ["--steps", str(steps), "--mixed-precision", "fp32", "--strategy", "full_shard",
+             "--save-every", "4", "--resume", "auto"]
+    ref = os.path.join(tmp, "ref.jsonl")
+    torchrun(2, opts, flags + ["--save", os.path.join(tmp, "ref-ckpt"), "--metrics", ref])
+    want = losses(ref)
+    check(sorted(want) == list(range(1, steps + 1)), "uninterrupted run: %d steps" % steps)
+
+    save, m = os.path.join(tmp, "ckpt"), os.path.join(tmp, "run.jsonl")
+    cmd = torchrun_cmd(2, opts, flags + ["--save", save, "--metrics", m], ["--max-restarts", "1"])
+    log = open(os.path.join(tmp, "torchrun.log"), "w+")
+    job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    killed = None
+    deadline = time.time() + 240
+    while job.poll() is None and time.time() < deadline:
+        done = sorted(losses(m))
+        if killed is None and done and done[-1] >= 9:  # the checkpoint of step 8 is written
+            pids = rank_pids(m)
+            if 1 in pids:
+                killed = (pids[1], done[-1])
+                os.kill(pids[1], signal.SIGKILL)
+        time.sleep(0.05)
+    if job.poll() is None:
+        job.kill()
+    log.seek(0)
+    text = log.read()
+    if job.returncode != 0:
+        sys.stderr.write(text[-4000:])
+    check(killed is not None, "rank 1 (pid %s) was killed after step %s" % killed if killed else "rank 1 was killed")
+    check(job.returncode == 0, "torchrun restarted the job and it finished (exit %s)" % job.returncode)
+    got = losses(m)
+    resumed_from = min(got) - 1
+    check(resumed_from >= 8 and resumed_from % 4 == 0 and resumed_from <= killed[1],
+          "the restart resumed from the checkpoint of step %d (killed at step %d)" % (resumed_from, killed[1]))
+    check(sorted(got) == list(range(resumed_from + 1, steps + 1)), "steps %d..%d after the restart"
+          % (resumed_from + 1, steps))
+    check(all(got[s] == want[s] for s in got), "losses after the restart equal the uninterrupted run's bit for bit")
+
+    # The same checkpoint continues at other world sizes (a copy: --resume auto takes the newest).
+    for n in (1, 3):
+        ck, mn = os.path.join(tmp, "ckpt-n%d" % n), os.path.join(tmp, "n%d.jsonl" % n)
+        name = "step-%09d" % resumed_from  # the checkpoint's directory (src/checkpoint/save.cpp)
+        shutil.copytree(os.path.join(save, name), os.path.join(ck, name))
+        torchrun(n, opts, flags + ["--save", ck, "--metrics", mn])
+        cont = losses(mn)
+        rest = range(resumed_from + 1, steps + 1)
+        check(sorted(cont) == list(rest), "N=%d continues at step %d" % (n, resumed_from + 1))
+        rel = max_rel(want, cont, rest)
+        check(rel <= 1e-4, "N=%d after the checkpoint: max rel loss diff %.3g <= 1e-4" % (n, rel))
+
+
+if __name__ == "__main__":
+    if shutil.which("torchrun") is None:
+        print("SKIP: no torchrun")
+        sys.exit(77)
+    sys.exit(run_main({"parity": test_parity, "restart": test_restart}, "fsdp-torchrun-"))

@@ -1,0 +1,34 @@
+// The world group of a job, over the backend its launcher implies (mpirun: MPI; torchrun: Gloo).
+#pragma once
+
+#include <string>
+
+#include "fsdp/comm/process_group.h"
+
+namespace fsdp::comm {
+
+/// "mpi" or "gloo" for `requested` ("auto", "mpi" or "gloo"): "auto" is "gloo" when
+/// torchrun_environment() (RANK and WORLD_SIZE set, no MPI launcher's variables), else "mpi".
+/// Throws fsdp::Error (kInvalidArgument) for another name or for "mpi" in a torchrun environment
+/// (its ranks would not form one MPI job), (kUnsupported) for "mpi" in a build without MPI
+/// (FSDP_WITH_MPI off).
+std::string resolve_backend(const std::string& requested);
+
+/// This process's rank as its launcher numbered it, from the environment (OMPI_COMM_WORLD_RANK,
+/// PMIX_RANK, PMI_RANK, then torchrun's RANK); 0 when no launcher set one. Needs no world group.
+int launcher_rank();
+
+/// Initialises MPI (init_mpi) when this build has MPI and the environment is not torchrun's, so
+/// that MPI_Init comes first in a process an MPI launcher started; does nothing otherwise.
+void init_launcher();
+
+/// True when this build has the MPI backend (FSDP_WITH_MPI).
+bool mpi_available();
+
+/// The group of all processes over resolve_backend(backend): mpi_world(options) or
+/// gloo_world(GlooRendezvous::from_env(), options). Collective: every process calls it once,
+/// first. Errors: those of resolve_backend and of the chosen world function.
+ProcessGroupPtr world_from_env(const std::string& backend = "auto",
+                               const ProcessGroupOptions& options = ProcessGroupOptions::from_env());
+
+}  // namespace fsdp::comm

@@ -1,0 +1,53 @@
+#include "fsdp/comm/world.h"
+
+#include <cstdlib>
+
+#include "fsdp/comm/gloo_backend.h"
+#include "fsdp/common/check.h"
+#if FSDP_WITH_MPI
+#include "fsdp/comm/mpi_backend.h"
+#endif
+
+namespace fsdp::comm {
+
+int launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "RANK"}) {
+    if (const char* v = std::getenv(var); v && *v) return std::atoi(v);
+  }
+  return 0;
+}
+
+bool mpi_available() { return FSDP_WITH_MPI != 0; }
+
+void init_launcher() {
+#if FSDP_WITH_MPI
+  if (!torchrun_environment()) init_mpi();
+#endif
+}
+
+std::string resolve_backend(const std::string& requested) {
+  FSDP_CHECK(requested == "auto" || requested == "mpi" || requested == "gloo", ErrorKind::kInvalidArgument,
+             (ErrorContext{-1, "", "world_from_env"}), "backend '", requested, "': expected auto, mpi or gloo");
+  const std::string chosen = requested != "auto" ? requested : torchrun_environment() ? "gloo" : "mpi";
+  // torchrun starts its ranks without an MPI launcher: each would be an MPI job of one rank.
+  FSDP_CHECK(chosen != "mpi" || !torchrun_environment(), ErrorKind::kInvalidArgument,
+             (ErrorContext{launcher_rank(), "", "world_from_env"}),
+             "backend 'mpi' in a torchrun job (RANK, WORLD_SIZE set, no MPI launcher): its ranks would not "
+             "form one MPI job; use the gloo backend under torchrun, or launch with mpirun");
+  FSDP_CHECK(chosen != "mpi" || mpi_available(), ErrorKind::kUnsupported, (ErrorContext{-1, "", "world_from_env"}),
+             "backend 'mpi'", requested == "auto" ? " (no torchrun environment: RANK, WORLD_SIZE unset)" : "",
+             " is not in this build (FSDP_WITH_MPI=OFF): launch with torchrun or use --backend gloo");
+  return chosen;
+}
+
+ProcessGroupPtr world_from_env(const std::string& backend, const ProcessGroupOptions& options) {
+  const std::string chosen = resolve_backend(backend);
+  if (chosen == "gloo") return gloo_world(GlooRendezvous::from_env(), options);
+#if FSDP_WITH_MPI
+  return mpi_world(options);
+#else
+  throw Error(ErrorKind::kUnsupported, ErrorContext{-1, "", "world_from_env"}, "no MPI in this build");
+#endif
+}
+
+}  // namespace fsdp::comm
