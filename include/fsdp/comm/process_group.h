@@ -3,13 +3,10 @@
 
 #include <ATen/Tensor.h>
 
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "fsdp/comm/backend.h"
@@ -18,6 +15,12 @@
 #include "fsdp/comm/work.h"
 
 namespace fsdp::comm {
+
+namespace detail {
+struct Family;
+class GroupState;
+class IssueOrderExecutor;
+}  // namespace detail
 
 /// Settings of a process group, inherited by the groups split from it.
 struct ProcessGroupOptions {
@@ -75,7 +78,9 @@ struct MarkerOutcome {
   std::string ambiguous;     ///< a confirmation: why the ranks cannot agree ("" when they can)
 };
 
-/// A group of ranks that run collectives together, over a Backend it owns (the c10d shape).
+/// A group of ranks that run collectives together, over a Backend it owns (the c10d shape). The
+/// rooms behind it (src/comm/): the issue-order executor (queue, thread, deadline, flight-recorder
+/// hooks), the collective check, the low-precision reductions, the group's failure state.
 ///
 /// Call-order rule: every rank of the group issues the same collectives, with the same sizes and
 /// dtypes, in the same order (as with MPI and NCCL). Every op is validated on the calling thread
@@ -95,8 +100,10 @@ struct MarkerOutcome {
 /// rank per op (docs/architecture.md, "Collectives").
 ///
 /// Tensors: contiguous, on the backend's device (the CPU for MPI and threads), at most the
-/// backend's max_elements() elements, dtype float32, float64, bfloat16, float16, int32, int64 or
-/// uint8 (uint8 for gathers, all-to-all and broadcast only). Reductions of bfloat16/float16 move
+/// backend's max_elements() elements, of a dtype the backend supports for the op
+/// (Backend::supports; for MPI and threads: float32, float64, bfloat16, float16, int32, int64 or
+/// uint8, uint8 for gathers, all-to-all and broadcast only). Reductions of bfloat16/float16 that
+/// the backend does not run itself move
 /// the low-precision bytes (an all-to-all of the blocks) and add them up in float32 in rank order,
 /// rounding once at the end ([Note: low-precision reductions]). Thread-safe: any thread may issue
 /// ops; their order is the order of issue.
@@ -192,47 +199,13 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   std::string flight_recorder_note() const;
 
  private:
-  struct Family;  // what split groups share: stats, recorder, the root group's rank and size
   ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options, std::string name,
-               std::shared_ptr<Family> family);
+               std::shared_ptr<detail::Family> family);
 
   friend AbandonResult abandon_step(const std::vector<ProcessGroup*>& groups, const AbandonedPass& pass);
-  static constexpr int32_t kConfirmation = 8;  // added to a marker's kind once its group settled
   // Refuses every later op with `why` (the ranks agreed that they cannot go on together).
   void refuse(const std::string& why);
 
-  // The fixed-size description exchanged by the collective check. An abandon marker
-  // (marker >= 0) carries the failed step's reason in unit[].
-  struct Signature {
-    int64_t seq;
-    int32_t kind;
-    int32_t dtype;
-    int64_t numel;
-    int32_t reduce_op;
-    int32_t root;
-    int64_t forward_pass;  // OpTag::forward_pass
-    int64_t sync_epoch;    // OpTag::sync_epoch
-    int32_t marker;        // an abandon marker's kind (AbandonedPass::Kind; + kConfirmation), -1 for other ops
-    int32_t marker_ordinal;  // 1 for the first marker of this rank's abandon_step, 2, ...; a
-                             // confirmation: 1 when no marker of this rank met a real op
-    uint64_t unit_hash;    // of the whole unit name (unit[] holds its first 63 bytes, for errors)
-    char unit[64];
-    char phase[24];
-  };
-  struct Op {
-    CollectiveKind kind;
-    bool counted;
-    int64_t bytes;
-    int64_t seq;
-    Signature signature;
-    std::string unit;   // the whole unit name (signature.unit holds its first 63 bytes)
-    std::string phase;  // the whole phase (signature.phase holds its first 23 bytes)
-    uint64_t record_id;
-    std::function<void()> fn;
-    WorkPtr work;
-    WorkPtr after;  // the op starts once this has completed (null: at once)
-    std::shared_ptr<MarkerOutcome> marker_outcome;  // an abandon marker's verdict
-  };
   struct Described {  // what enqueue needs to know of an op
     CollectiveKind kind;
     const at::Tensor* tensor;  // the tensor that sizes it (input; null for barrier, split)
@@ -241,52 +214,33 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
     const OpTag* tag;
     int64_t logical_bytes;  // < 0: not counted in stats (set-up)
   };
+  // Numbers, records and counts the op, then hands it to the executor (inline at world size 1).
   WorkPtr enqueue(const Described& d, std::function<void()> fn, WorkPtr after = nullptr,
                   std::shared_ptr<MarkerOutcome> marker_outcome = nullptr, int marker_kind = -1, int marker_ordinal = 0);
   // Queues this rank's `ordinal`-th abandon marker of `pass`; *outcome says, once it ran, whether
   // the group is settled.
   WorkPtr issue_abandon_marker(const AbandonedPass& pass, int ordinal, std::shared_ptr<MarkerOutcome> outcome);
-  void worker_loop();
-  // Runs one op: its dependency, check, deadline, fn; records times, releases tensors, completes
-  // the Work.
-  void run_op(Op& op);
-  // The collective check: throws kMismatch on every rank when the signatures differ; an abandon
-  // marker among them is settled by settle_abandoned instead.
-  void check_same_op(Op& op);
-  // [Note: abandoned steps] The signatures of one position, some of them abandon markers.
-  void settle_abandoned(Op& op, const Signature* sigs);
-  // A failure that leaves the group unusable (timeout): record, dump, arm the abort.
-  void on_unrecoverable(const std::string& what);
-  // The op as errors name it; `whole` (this rank's op, when given) replaces the signature's
-  // truncated unit and phase with the whole strings.
-  std::string describe(const Signature& s, const Op* whole = nullptr) const;
-  // Validation on the calling thread.
-  void check_tensor(const char* op, const char* what, const at::Tensor& t) const;
-  // bf16/fp16 reductions: all-to-all of the blocks, float32 sum in rank order, one rounding.
-  void reduce_scatter_low_precision(const at::Tensor& output, const at::Tensor& input, ReduceOp op);
-  void all_reduce_low_precision(const at::Tensor& tensor, ReduceOp op);
+  // Validation on the calling thread: `t` may be passed as `what` to an op of `kind`.
+  void check_tensor(const char* op, CollectiveKind kind, const char* what, const at::Tensor& t) const;
+  // A reduction of this dtype the backend does not run itself: bf16/fp16 over all_to_all.
+  bool reduces_in_float32(CollectiveKind kind, c10::ScalarType dtype) const;
 
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Backend> backend_;  // destroyed last (declared first)
   int rank_;
   int size_;
   std::string backend_name_;
   ProcessGroupOptions options_;
   std::string name_;
-  std::shared_ptr<Family> family_;
+  std::shared_ptr<detail::Family> family_;
   std::vector<int> host_of_ranks_;
   int num_hosts_ = 1;
   int ranks_on_my_host_ = 1;
   std::shared_ptr<CommStats> stats_;
   std::shared_ptr<FlightRecorder> recorder_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Op> queue_;
-  int64_t next_seq_ = 0;
-  bool stopping_ = false;
-  std::string broken_;  // why the group is unusable ("" while usable); guarded by mu_
-  std::string diverged_;  // why the group refuses every op (abandoned steps); guarded by mu_
-  std::string dump_error_;  // why the last flight-recorder dump failed ("" when written); guarded by mu_
-  std::thread worker_;
+  std::unique_ptr<detail::GroupState> state_;
+  std::unique_ptr<detail::IssueOrderExecutor> executor_;  // destroyed first (declared last but one)
+  std::mutex issue_mu_;  // numbering and queueing are one step: issue order is sequence order
+  int64_t next_seq_ = 0;  // guarded by issue_mu_
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
