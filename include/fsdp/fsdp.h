@@ -7,6 +7,7 @@
 #include "fsdp/checkpoint/export.h"
 #include "fsdp/checkpoint/import_optimizer.h"
 #include "fsdp/comm/backend.h"
+#include "fsdp/comm/comm_context.h"
 #include "fsdp/comm/exposed_wait.h"
 #include "fsdp/comm/gloo_backend.h"
 #include "fsdp/comm/job_channel.h"

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "fsdp/comm/comm_context.h"
 #include "fsdp/common/check.h"
 #include "sharded_grads.h"
 
@@ -38,8 +39,8 @@ double clip_grad_norm(const std::shared_ptr<torch::nn::Module>& root, double max
   double total = local;
   if (sg.group) {
     // inf: MPI's MAX may drop a NaN operand, so a NaN travels as a separate flag.
-    at::Tensor t = at::tensor({std::isnan(local) ? 0.0 : local, std::isnan(local) ? 1.0 : 0.0},
-                              at::kDouble);
+    at::Tensor t = at::tensor({std::isnan(local) ? 0.0 : local, std::isnan(local) ? 1.0 : 0.0}, at::kDouble)
+                       .to(comm::CommContext::for_group(*sg.group).flag_device);
     sg.group->all_reduce(t, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum, comm::OpTag{"", "clip_grad_norm"})->wait();
     total = t[1].item<double>() > 0 ? std::numeric_limits<double>::quiet_NaN() : t[0].item<double>();
   }

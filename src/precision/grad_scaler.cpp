@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "fsdp/comm/comm_context.h"
 #include "fsdp/common/check.h"
 #include "../optim/sharded_grads.h"
 
@@ -31,7 +32,10 @@ bool GradScaler::unscale(const std::shared_ptr<torch::nn::Module>& model) {
   // max |g| is inf or NaN exactly when some gradient element is.
   const bool local_inf = !std::isfinite(detail::local_norm_part(sg, /*inf=*/true));
   at::Tensor flag = at::tensor({static_cast<int64_t>(local_inf)}, at::kLong);
-  if (sg.group) sg.group->all_reduce(flag, comm::ReduceOp::kMax, comm::OpTag{"", "grad_scaler"})->wait();
+  if (sg.group) {
+    flag = flag.to(comm::CommContext::for_group(*sg.group).flag_device);
+    sg.group->all_reduce(flag, comm::ReduceOp::kMax, comm::OpTag{"", "grad_scaler"})->wait();
+  }
   found_inf_ = flag.item<int64_t>() != 0;
   unscaled_ = true;
   return found_inf_;

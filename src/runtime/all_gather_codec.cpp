@@ -8,7 +8,8 @@ class CastAllGatherCodec final : public AllGatherCodec {
   CastAllGatherCodec(c10::ScalarType param_dtype, bool gathers) : param_dtype_(param_dtype), gathers_(gathers) {}
 
   AllGatherResult encode(const at::Tensor& master_flat, comm::ProcessGroup& group, const comm::OpTag& tag) override {
-    return gathers_ ? foreach_all_gather(master_flat, group, param_dtype_, tag) : local_cast(master_flat, param_dtype_);
+    if (!gathers_) return local_cast(master_flat, param_dtype_);
+    return foreach_all_gather(master_flat, group, comm::CommContext::for_group(group), param_dtype_, tag);
   }
 
   void decode(AllGatherResult& gather, std::vector<FSDPParam>& params, const shard::FlatLayout& layout) override {

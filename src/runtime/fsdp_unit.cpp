@@ -41,13 +41,15 @@ namespace {
 
 std::atomic<uint64_t> g_next_unit_id{1};
 
-// The line of one param in the cross-rank consistency check.
-// CPU params on a real group; meta params on any group (deferred initialisation, or a dry run);
-// a simulated group holds no data, so it takes meta params only.
+// Params on the group's device (its backend's: the CPU for MPI, threads and Gloo) on a real group;
+// meta params on any group (deferred initialisation, or a dry run); a simulated group holds no
+// data, so it takes meta params only.
 void check_param_device(const FSDPParam& p, const comm::ProcessGroup& group, const ErrorContext& where) {
   const at::Device d = p.module_param.device();
-  FSDP_CHECK(d.is_cpu() || d.is_meta(), ErrorKind::kUnsupported, where, "parameter '", p.fqn, "' is on ", d,
-             "; this build shards CPU parameters (or meta ones, materialised later)");
+  FSDP_CHECK(d.type() == group.device_type() || d.is_meta(), ErrorKind::kUnsupported, where, "parameter '", p.fqn,
+             "' is on ", d, " but the group's ", group.backend_name(), " backend communicates ",
+             c10::DeviceTypeName(group.device_type(), /*lower_case=*/true),
+             " tensors; build the model on that device (or on the meta device, materialised later)");
   FSDP_CHECK(!group.simulated() || d.is_meta(), ErrorKind::kInvalidArgument, where, "parameter '", p.fqn,
              "' is on ", d, " but the group is simulated (a dry run holds no data): build the model on the "
              "meta device");

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/comm/comm_context.h"
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/fully_shard.h"
 #include "unit_registry.h"
@@ -79,6 +80,10 @@ MaterializeResult materialize(const std::shared_ptr<torch::nn::Module>& root, co
     for (auto& p : u->params()) owner[p.module_param.unsafeGetTensorImpl()] = Owner{u.get(), &p};
   }
   // How many modules register each parameter: a tied one stays full until its last module.
+  // Where the tree's buffers go: the device of its group (every unit of a tree shares it);
+  // libtorch's default device for a tree without units.
+  const c10::Device tree_device = units.empty() ? at::TensorOptions().device()
+                                                : comm::CommContext::for_group(*units.front()->group()).buffer_device;
   std::unordered_map<const c10::TensorImpl*, int> visits_left;
   visit_preorder(*root, "", [&](const std::string&, torch::nn::Module& m) {
     for (const auto& item : m.named_parameters(false)) ++visits_left[item.value().unsafeGetTensorImpl()];
@@ -115,9 +120,9 @@ MaterializeResult materialize(const std::shared_ptr<torch::nn::Module>& root, co
     for (const auto& item : buffers) {
       at::Tensor b = item.value();
       if (!b.is_meta()) continue;
-      at::Tensor cpu = at::empty(b.sizes(), b.options().device(at::kCPU));
-      b.unsafeGetTensorImpl()->shallow_copy_from(cpu.getIntrusivePtr());
-      full_bytes += static_cast<int64_t>(cpu.nbytes());
+      at::Tensor fresh = at::empty(b.sizes(), b.options().device(tree_device));
+      b.unsafeGetTensorImpl()->shallow_copy_from(fresh.getIntrusivePtr());
+      full_bytes += static_cast<int64_t>(fresh.nbytes());
       fresh_buffers.emplace_back(item.key(), WriteProbe(b));
     }
     // The parameters of the modules below m: init(m) must leave them to their own modules' calls

@@ -22,7 +22,7 @@ class ReduceScatterSync final : public GradientSync {
   void issue(const comm::OpTag& tag) override {
     reduce_ = std::make_unique<ReduceScatterResult>(foreach_reduce_scatter(
         *args_.params, reduce_index_, reduce_layout_, *args_.shard_group, args_.replicate_group.get(),
-        args_.reduce_dtype, tag));
+        comm::CommContext::for_group(*args_.shard_group), args_.reduce_dtype, tag));
   }
 
   bool has_reduction_in_flight() const override { return reduce_ != nullptr; }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "fsdp/comm/comm_context.h"
 #include "fsdp/common/activity.h"
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/fsdp_unit.h"
@@ -66,7 +67,7 @@ void Scheduler::end_forward(bool grad_enabled) {
 // loop's optimizer.zero_grad() drops them (docs/training_loops.md). The ranks may fail at
 // different points of the step, or one alone: before anything is reset, abandon_collectives
 // pairs the collectives one rank issued and another did not, and a peer still in the step fails
-// it too ([Note: abandoned steps] in process_group.cpp); only then are the in-flight works waited
+// it too ([Note: abandoned steps] in src/comm/collective_check.cpp); only then are the in-flight works waited
 // for, which no longer wait on a peer.
 comm::AbandonResult Scheduler::abandon_collectives(comm::AbandonedPass::Kind kind, const char* otherwise) noexcept {
   std::vector<comm::ProcessGroup*> groups;
@@ -218,10 +219,13 @@ void Scheduler::reduce_accumulated(const std::vector<std::shared_ptr<FSDPUnit>>&
   }
   if (!unsynced_since_sync_ || alive.empty()) return;
   unsynced_since_sync_ = false;
-  at::Tensor pending = at::zeros({static_cast<int64_t>(alive.size())}, at::kInt);
-  for (size_t i = 0; i < alive.size(); ++i) pending[i] = alive[i]->has_pending_grads() ? 1 : 0;
-  alive.front()->group()->all_reduce(pending, comm::ReduceOp::kMax,
-                                     comm::OpTag{"", "backward (accumulated)", forward_pass_, sync_epoch_})->wait();
+  comm::ProcessGroup& group = *alive.front()->group();
+  at::Tensor mine = at::zeros({static_cast<int64_t>(alive.size())}, at::kInt);  // filled here, then moved
+  for (size_t i = 0; i < alive.size(); ++i) mine[i] = alive[i]->has_pending_grads() ? 1 : 0;
+  at::Tensor pending = mine.to(comm::CommContext::for_group(group).flag_device);
+  group.all_reduce(pending, comm::ReduceOp::kMax,
+                   comm::OpTag{"", "backward (accumulated)", forward_pass_, sync_epoch_})->wait();
+  pending = pending.to(mine.device());
   const int* flag = pending.data_ptr<int>();
   for (size_t i = 0; i < alive.size(); ++i) {
     if (flag[i]) alive[i]->reduce_pending_grads();

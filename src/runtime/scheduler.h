@@ -102,7 +102,7 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   void reset_peak_unsharded_param_bytes() { peak_unsharded_param_bytes_ = unsharded_param_bytes_; }
 
  private:
-  // [Note: abandoned steps] in process_group.cpp: every group the tree's units use, put back in
+  // [Note: abandoned steps] in src/comm/collective_check.cpp: every group the tree's units use, put back in
   // step with the peers that may have issued more or fewer of the failed step's collectives.
   // The reason sent to the peers: the exception being handled, or `otherwise`. Returns the
   // rounds abandon_step took (0 when it failed).

@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "fsdp/comm/comm_context.h"
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/fully_shard.h"
 
@@ -15,7 +16,8 @@ at::Tensor gather_full_tensor(FSDPUnit& unit, const FSDPParam& p, bool grad) {
   const auto& s = p.spec;
   const int64_t rows = s.real_rows(unit.shard_rank());
   at::Tensor src = grad ? p.sharded_param.grad() : p.sharded_param;
-  at::Tensor has = at::tensor({static_cast<int64_t>(src.defined())}, at::kLong);
+  at::Tensor has = at::tensor({static_cast<int64_t>(src.defined())}, at::kLong)
+                       .to(comm::CommContext::for_group(g).flag_device);
   if (grad) {
     g.all_reduce(has, comm::ReduceOp::kMax, comm::OpTag{unit.name(), "state_dict"})->wait();
     if (has.item<int64_t>() == 0) return at::Tensor();

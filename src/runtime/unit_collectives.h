@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "fsdp/comm/comm_context.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/runtime/fsdp_param.h"
 #include "fsdp/shard/layout.h"
@@ -22,15 +23,18 @@ struct AllGatherResult {
 
 /// Issues the all-gather of a unit whose flat shard buffer is `sharded_flat` ((S), original
 /// dtype) over `group`: casts it to param_dtype first when that differs (one copy; the bytes on the
-/// wire are param_dtype's), none otherwise. Non-blocking; keep the result alive until copy_out.
+/// wire are param_dtype's), none otherwise; the output is allocated on ctx.buffer_device.
+/// Non-blocking; keep the result alive until copy_out.
 AllGatherResult foreach_all_gather(const at::Tensor& sharded_flat, comm::ProcessGroup& group,
-                                   c10::ScalarType param_dtype, const comm::OpTag& tag);
+                                   const comm::CommContext& ctx, c10::ScalarType param_dtype,
+                                   const comm::OpTag& tag);
 
 /// The unshard of a strategy that does not communicate params (no_shard with a dtype cast): the
 /// cast copy of `sharded_flat`, as the result of an all-gather over one rank.
 AllGatherResult local_cast(const at::Tensor& sharded_flat, c10::ScalarType param_dtype);
 
-/// Waits for `gather` (rethrowing its error), then allocates every param's unsharded storage and
+/// Waits for `gather` (rethrowing its error; then joins the current stream to it, a no-op on the
+/// CPU), then allocates every param's unsharded storage and
 /// copies its rows out of the output blocks. Blocking. `gather` is released afterwards.
 void copy_out(AllGatherResult& gather, std::vector<FSDPParam>& params, const shard::FlatLayout& layout);
 
@@ -44,7 +48,8 @@ struct ReduceScatterResult {
 
 /// Packs the unsharded gradients of params[index[j]] (layout.params[j]) into one reduce_dtype
 /// buffer (rank-major rows, zero padding, zeros for params without a gradient on this rank),
-/// frees them, and issues the reduce-scatter (average) over `group`; when `replicate` is given
+/// frees them, and issues the reduce-scatter (average) over `group` (buffers on
+/// ctx.buffer_device); when `replicate` is given
 /// (hybrid_shard's replicas), also the all-reduce (average) of the reduced block over it, which
 /// starts on its communication thread once the reduce-scatter is done (FSDP2's HSDP order: the
 /// compute thread never waits in between). Non-blocking. Call order: every rank of `group` and of
@@ -52,11 +57,11 @@ struct ReduceScatterResult {
 /// `tag` names the unit and phase (also in errors: a gradient whose shape differs from its param's).
 ReduceScatterResult foreach_reduce_scatter(std::vector<FSDPParam>& params, const std::vector<int>& index,
                                            const shard::FlatLayout& layout, comm::ProcessGroup& group,
-                                           comm::ProcessGroup* replicate, c10::ScalarType reduce_dtype,
-                                           const comm::OpTag& tag);
+                                           comm::ProcessGroup* replicate, const comm::CommContext& ctx,
+                                           c10::ScalarType reduce_dtype, const comm::OpTag& tag);
 
-/// Waits for `rs` (the reduce-scatter, then the replicas' all-reduce; rethrows the first error),
-/// then adds each param's real rows into its sharded grad. Blocking. `rs` is released afterwards.
+/// Waits for `rs` (the reduce-scatter, then the replicas' all-reduce; rethrows the first error;
+/// joins the current stream to them, a no-op on the CPU), then adds each param's real rows into its sharded grad. Blocking. `rs` is released afterwards.
 void accumulate_reduced(ReduceScatterResult& rs, std::vector<FSDPParam>& params,
                         const std::vector<int>& index, const shard::FlatLayout& layout,
                         int64_t shard_rank);

@@ -1,6 +1,6 @@
 // Tier `unit`: the Work interface (WorkHandle) and its CPU implementation, and what a backend
 // declares through supports(): ProcessGroup validates dtypes against it and picks the bf16/fp16
-// reduction path from it.
+// reduction path from it; the comm context a group gives the unit collectives.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -10,7 +10,9 @@
 #include <string>
 #include <thread>
 
+#include "fsdp/comm/comm_context.h"
 #include "fsdp/comm/process_group.h"
+#include "fsdp/comm/simulated_backend.h"
 #include "fsdp/comm/threaded_backend.h"
 #include "fsdp/comm/work.h"
 #include "fsdp/common/check.h"
@@ -222,4 +224,16 @@ TEST(BackendSupports, ABackendThatReducesBf16ItselfIsCalledForIt) {
     EXPECT_EQ(DeclaringBackend::all_reduces.load() - reduces, reduces_bf16 ? 1 : 0);
     EXPECT_EQ(DeclaringBackend::all_to_alls.load() - exchanges, reduces_bf16 ? 0 : 1);
   }
+}
+
+TEST(CommContext, FollowsTheGroupsDevice) {
+  const auto threaded = fsdp::comm::CommContext::for_group(*fsdp::comm::threaded_world(1)[0]);
+  EXPECT_EQ(threaded.buffer_device, c10::Device(c10::DeviceType::CPU));
+  EXPECT_EQ(threaded.flag_device, c10::Device(c10::DeviceType::CPU));
+  EXPECT_EQ(threaded.buffer_options(at::kBFloat16).dtype(), at::kBFloat16);
+  // A simulated group's buffers are meta tensors; the flags it answers by its own rule stay on the host.
+  const auto simulated = fsdp::comm::CommContext::for_group(*fsdp::comm::simulated_world(4, 1));
+  EXPECT_EQ(simulated.buffer_device, c10::Device(c10::DeviceType::Meta));
+  EXPECT_EQ(simulated.flag_device, c10::Device(c10::DeviceType::CPU));
+  EXPECT_EQ(simulated.buffer_options(at::kFloat).device(), c10::Device(c10::DeviceType::Meta));
 }
