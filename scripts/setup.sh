@@ -3,7 +3,7 @@
 # OpenMPI, test and app libraries, the default corpus) and the PyTorch CPU wheel (libtorch + peers).
 set -euo pipefail
 APT_PACKAGES=(build-essential cmake git pkg-config python3 python3-pip
-  libopenmpi-dev openmpi-bin libgtest-dev libbenchmark-dev
+  libopenmpi-dev openmpi-bin libgloo-dev libgtest-dev libbenchmark-dev
   libsentencepiece-dev sentencepiece libcli11-dev nlohmann-json3-dev libtomlplusplus-dev
   bible-kjv-text bible-kjv r-cran-janeaustenr r-base-core
   clang-14 libclang-rt-14-dev llvm-14  # clang: the sanitizer and fuzz builds (scripts/sanitize.sh)

@@ -5,6 +5,7 @@ checks."""
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,11 +26,24 @@ def launcher():
     return name
 
 
-def launch_prefix(n):
-    """The command that starts n ranks of the program that follows it."""
-    if launcher() == "torchrun":
-        return ["torchrun", "--no-python", "--standalone", "--nproc-per-node", str(n)]
+def torchrun_prefix(n):
+    """torchrun starting n ranks of the program that follows it, through this interpreter (the one
+    with torch: no torchrun script on PATH needed)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--no-python", "--standalone", "--nproc-per-node", str(n)]
+
+
+def launch_prefix(n, name=None):
+    """The command that starts n ranks of the program that follows it: launcher() or `name`."""
+    if (name or launcher()) == "torchrun":
+        return torchrun_prefix(n)
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n)]
+
+
+def torchrun_child_exit_code(p):
+    """The exit code of the rank that failed first, from torchrun's report (torchrun itself exits
+    1 for any failed rank), so that checks of fsdp-train's exit codes hold under either launcher."""
+    m = re.search(r"Root Cause \(first observed failure\):.*?exitcode\s*:\s*(-?\d+)", p.stdout + p.stderr, re.S)
+    return int(m.group(1)) if m else p.returncode
 
 
 def launch(args, n, opts, expect_ok=True):
@@ -39,6 +53,8 @@ def launch(args, n, opts, expect_ok=True):
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                        timeout=300)
     dt = time.time() - t0
+    if launcher() == "torchrun" and p.returncode != 0:
+        p.returncode = torchrun_child_exit_code(p)
     if expect_ok and p.returncode != 0:
         sys.stderr.write(p.stdout + p.stderr)
         raise SystemExit("FAIL: exit %d: %s" % (p.returncode, " ".join(cmd)))
@@ -115,8 +131,8 @@ def run_main(tests, prefix, plan=False):
         ap.add_argument("--plan", help="fsdp-plan")
     ap.add_argument("--data-dir", required=True)
     opts = ap.parse_args()
-    if shutil.which(launcher()) is None:
-        print("SKIP: no " + launcher())
+    if launcher() == "mpirun" and shutil.which("mpirun") is None:
+        print("SKIP: no mpirun")
         return 77
     if not os.path.isfile(os.path.join(opts.data_dir, "spm_8192.model")):
         print("SKIP: no data in %s (run scripts/prepare_data.sh %s)" % (opts.data_dir, opts.data_dir))

@@ -43,7 +43,8 @@ LAUNCHER = "mpirun"
 
 def launch_prefix(n):
     if LAUNCHER == "torchrun":
-        return ["torchrun", "--no-python", "--standalone", "--nproc-per-node", str(n)]
+        return [sys.executable, "-m", "torch.distributed.run", "--no-python", "--standalone",
+                "--nproc-per-node", str(n)]
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n)]
 
 
