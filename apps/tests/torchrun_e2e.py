@@ -16,6 +16,7 @@
 
 Exit 0: pass; 77: skipped (no data / no torchrun / no mpirun); anything else: fail.
 """
+import json
 import os
 import shutil
 import signal
@@ -117,7 +118,17 @@ def test_restart(opts, tmp):
         sys.stderr.write(text[-4000:])
     check(killed is not None, "rank 1 (pid %s) was killed after step %s" % killed if killed else "rank 1 was killed")
     check(job.returncode == 0, "torchrun restarted the job and it finished (exit %s)" % job.returncode)
-    got = losses(m)
+    # The restarted attempt appends to --metrics: the events after its config line are its own,
+    # and the first attempt's steps stay before them.
+    with open(m) as f:
+        all_events = [json.loads(line) for line in f if line.strip()]
+    starts = [i for i, e in enumerate(all_events) if e.get("event") == "config"]
+    check(len(starts) == 2, "the metrics file holds both attempts (config lines at %s)" % starts)
+    first = {e["step"]: e["loss"] for e in all_events[:starts[-1]] if e.get("event") == "step"}
+    check(sorted(first)[:killed[1]] == list(range(1, killed[1] + 1)) and
+          all(first[s] == want[s] for s in first),
+          "the first attempt's steps 1..%d are kept, equal to the uninterrupted run's" % killed[1])
+    got = {e["step"]: e["loss"] for e in all_events[starts[-1]:] if e.get("event") == "step"}
     resumed_from = min(got) - 1
     check(resumed_from >= 8 and resumed_from % 4 == 0 and resumed_from <= killed[1],
           "the restart resumed from the checkpoint of step %d (killed at step %d)" % (resumed_from, killed[1]))

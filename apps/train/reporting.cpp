@@ -3,6 +3,7 @@
 
 #include "fsdp/common/bytes.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <ATen/ops/tensor.h>
@@ -63,11 +64,15 @@ void Console::line(const std::string& text) {
   std::cout << text << std::endl;
 }
 
-JsonLines::JsonLines(const std::string& path, int rank, bool stop_after_failure)
+JsonLines::JsonLines(const std::string& path, int rank, bool stop_after_failure, bool append)
     : path_(path), stop_after_failure_(stop_after_failure) {
   if (path.empty() || rank != 0) return;
-  out_.open(path, std::ios::trunc);
+  out_.open(path, append ? std::ios::app : std::ios::trunc);
   if (!out_) throw std::runtime_error("cannot open metrics file '" + path + "' for writing");
+  if (append) {  // a failed write cuts the file back to here at the earliest, never into the history
+    struct stat st {};
+    good_bytes_ = ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
+  }
 }
 
 void JsonLines::write(const nlohmann::json& event) {

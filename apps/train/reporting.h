@@ -80,9 +80,12 @@ class Console {
 /// the file, the event and errno, the file is cut back to its last whole line (no half-written
 /// JSON left), and the writer stops there. What the run does then is the
 /// caller's (failed(); --on-output-error): stop_after_failure only words the warning.
+/// append: the events go after what the file holds (a resumed run, so that an elastic restart
+/// keeps the history of the attempts before it; a step written twice is read as its last
+/// record), else the file starts empty.
 class JsonLines {
  public:
-  JsonLines(const std::string& path, int rank, bool stop_after_failure = false);
+  JsonLines(const std::string& path, int rank, bool stop_after_failure = false, bool append = false);
   void write(const nlohmann::json& event);
   bool enabled() const { return out_.is_open(); }
   /// True once a write failed.
