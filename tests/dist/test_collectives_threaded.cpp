@@ -9,6 +9,7 @@
 
 #include "../common/collective_cases.h"
 #include "../common/threaded.h"
+#include "../common/error_of.h"
 #include "fsdp/comm/exposed_wait.h"
 #include "fsdp/common/activity.h"
 
@@ -68,18 +69,9 @@ TEST(ThreadedCollectives, AllReduceAfterADependencyStartsWhenItCompletes) {
   }
 }
 
-namespace {
+using fsdp_test::error_of;
 
-// The kind of the error fn throws (fails the test when it throws none or not an fsdp::Error).
-fsdp::Error error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const fsdp::Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "no fsdp::Error thrown";
-  return fsdp::Error(fsdp::ErrorKind::kState, {}, "none");
-}
+namespace {
 
 // A failed step's forward pass `forward_pass` (sync epoch 0) abandoned for `reason`.
 fsdp::comm::AbandonedPass pass(int64_t forward_pass, const std::string& reason) {

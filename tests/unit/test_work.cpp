@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "fsdp/comm/comm_context.h"
 #include "fsdp/comm/process_group.h"
@@ -40,6 +41,39 @@ TEST(Work, WaitRethrowsTheSameErrorEveryTime) {
       EXPECT_EQ(std::string(e.what()), "the transport lost the peer");
     }
   }
+}
+
+// Each wait throws an exception object of its own, never the one the communication thread threw
+// (which the Work keeps): two threads never share one exception object, whose reference count
+// lives in uninstrumented runtime code (a thread sanitizer reported its release as a race).
+TEST(Work, EachWaitThrowsItsOwnCopyOfAnFsdpError) {
+  auto w = std::make_shared<Work>();
+  const std::exception_ptr original = std::make_exception_ptr(
+      fsdp::Error(fsdp::ErrorKind::kMismatch, fsdp::ErrorContext{1, "h.0", "all_gather"}, "ranks disagree"));
+  const void* original_address = nullptr;
+  try {
+    std::rethrow_exception(original);
+  } catch (const fsdp::Error& e) {
+    original_address = &e;
+  }
+  w->finish(original, 0.0);
+  std::vector<const void*> seen;
+  for (int i = 0; i < 2; ++i) {
+    std::thread waiter([&] {
+      try {
+        w->wait();
+        ADD_FAILURE() << "wait() returned after a failed op";
+      } catch (const fsdp::Error& e) {
+        seen.push_back(&e);
+        EXPECT_EQ(e.kind(), fsdp::ErrorKind::kMismatch);
+        EXPECT_EQ(std::string(e.what()), "[fsdp rank 1] unit 'h.0' all_gather: ranks disagree");
+      }
+    });
+    waiter.join();
+  }
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_NE(seen[0], original_address);
+  EXPECT_NE(seen[1], original_address);
 }
 
 TEST(Work, WaitBlocksUntilAnotherThreadFinishesIt) {

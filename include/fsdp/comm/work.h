@@ -19,7 +19,8 @@ class WorkHandle {
   virtual ~WorkHandle() = default;
 
   /// Blocks the calling thread until the op has finished on this rank; rethrows the op's error
-  /// (fsdp::Error) if it failed. May be called more than once; each call rethrows the same error.
+  /// (fsdp::Error) if it failed. May be called more than once, from any thread; each call throws
+  /// its own copy of the same error (no exception object is shared between threads).
   virtual void wait() = 0;
 
   /// Non-blocking: true once the op has finished (successfully or not).
@@ -44,7 +45,8 @@ class Work final : public WorkHandle {
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
 
-  /// Blocks until finish() has been called; rethrows its error. A wait that blocks is counted as
+  /// Blocks until finish() has been called; throws a copy of its error made under the handle's
+  /// lock (the communication thread keeps the original). A wait that blocks is counted as
   /// exposed communication of the calling thread's phase (exposed_wait.h).
   void wait() override;
   bool is_completed() const override;
