@@ -24,7 +24,7 @@ int64_t LlamaConfig::num_params() const {
   return 2 * vocab_size * d_model + n_layer * per_layer + d_model;
 }
 
-std::vector<std::string> llama_preset_names() { return {"llama-tiny", "llama2-7b", "llama2-13b", "llama2-70b"}; }
+std::vector<std::string> llama_preset_names() { return fsdp::planner::llama_preset_names(); }
 
 LlamaConfig llama_preset(const std::string& name) {
   const auto names = llama_preset_names();
@@ -33,19 +33,9 @@ LlamaConfig llama_preset(const std::string& name) {
     for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
     throw std::invalid_argument("unknown Llama preset '" + name + "' (known: " + known + ")");
   }
-  LlamaConfig c;
-  if (name == "llama-tiny") {  // for tests only
-    c.d_model = 64;
-    c.n_layer = 2;
-    c.n_head = 4;
-    c.n_kv_head = 2;
-    c.ffn = 172;
-    c.vocab_size = 512;
-    c.max_seq = 256;
-    return c;
-  }
-  // The public Llama-2 shapes live once, in the planner, so plans and built models cannot drift.
+  // The Llama shapes live once, in the planner, so plans and built models cannot drift.
   const fsdp::planner::LlamaShape l = fsdp::planner::llama_shape(name);
+  LlamaConfig c;
   c.d_model = l.n_embd;
   c.n_layer = l.n_layer;
   c.n_head = l.n_head;

@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 
+from e2e_common import launch_prefix, launcher, torchrun_child_exit_code
+
 B, T, V = 2, 16, 96
 STRATEGIES = ["full_shard", "shard_grad_op", "zero1", "no_shard", "hybrid_shard"]
 
@@ -37,16 +39,22 @@ def check(ok, what):
 
 
 def run(opts, n, args):
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(n), opts.bin] + args
-    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    """n ranks of the interop binary under mpirun, or torchrun over Gloo (FSDP_E2E_LAUNCHER)."""
+    prefix = launch_prefix(n)
+    if launcher() == "mpirun":
+        prefix = prefix[:-2] + ["--bind-to", "none"] + prefix[-2:]
+    p = subprocess.run(prefix + [opts.bin] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if launcher() == "torchrun" and p.returncode != 0:
+        p.returncode = torchrun_child_exit_code(p)
+    return p
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     opts = ap.parse_args()
-    if shutil.which("mpirun") is None:
+    if launcher() == "mpirun" and shutil.which("mpirun") is None:
         print("SKIP: no mpirun")
         return 77
     try:

@@ -29,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 
+from e2e_common import launcher, torchrun_prefix
+
 FAILURES = []
 
 
@@ -113,23 +115,32 @@ def usage_errors(bin_path):
           f"a bool flag's bad value named in words: {p.stderr!r}")
 
 
-def run_calibration(mpirun, bin_path, out, threads, mpirun_flags=(), timeout=180):
-    """mpirun -n 2 fsdp-plan --calibrate of a one-layer nano at micro-batch 2 x 64 into `out`."""
+def two_ranks(mpirun_flags=()):
+    """The command that starts 2 ranks of the program that follows it: mpirun, or torchrun over Gloo
+    when FSDP_E2E_LAUNCHER=torchrun (a build without MPI); None when mpirun is wanted and missing."""
+    if launcher() == "torchrun":
+        return torchrun_prefix(2)
+    mpirun = shutil.which("mpirun")
+    return [mpirun, "--allow-run-as-root", "--oversubscribe", *mpirun_flags, "-n", "2"] if mpirun else None
+
+
+def run_calibration(prefix, bin_path, out, threads, timeout=180):
+    """2 ranks (`prefix`) of fsdp-plan --calibrate of a one-layer nano at micro-batch 2 x 64 into `out`."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    return subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", *mpirun_flags, "-n", "2", bin_path,
+    return subprocess.run([*prefix, bin_path,
                            "--calibrate", "--threads", str(threads), "--out", out, "--model", "nano", "--n-layer", "1",
                            "--micro-batch-size", "2", "--seq-len", "64"], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 
 def calibrate(bin_path, tmp):
-    mpirun = shutil.which("mpirun")
-    if not mpirun:
+    prefix = two_ranks()
+    if not prefix:
         print("calibrate: skipped (no mpirun)")
         return
     out = os.path.join(tmp, "profile.json")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = run_calibration(mpirun, bin_path, out, 1)
+    p = run_calibration(prefix, bin_path, out, 1)
     check(p.returncode == 0, f"--calibrate: exit {p.returncode}; {p.stderr.strip()}")
     if p.returncode != 0:
         return
@@ -202,12 +213,15 @@ def calibrate_oversubscribed(bin_path, tmp):
     mpirun binds each rank to one core (the default for 2 ranks) need 4 cores of the 2 the ranks may
     use. The profile says so; the collectives' shared-core factors are at least 0.1; the step update
     is timed to each rank's own end, mean over ranks; the plan uses the profile."""
-    mpirun = shutil.which("mpirun")
-    if not mpirun:
+    if launcher() == "torchrun":
+        print("calibrate_oversubscribed: skipped (binding ranks to cores is mpirun's)")
+        return
+    prefix = two_ranks(("--bind-to", "core"))
+    if not prefix:
         print("calibrate_oversubscribed: skipped (no mpirun)")
         return
     out = os.path.join(tmp, "profile_over.json")
-    p = run_calibration(mpirun, bin_path, out, 2, mpirun_flags=("--bind-to", "core"), timeout=240)
+    p = run_calibration(prefix, bin_path, out, 2, timeout=240)
     check(p.returncode == 0, f"--calibrate --threads 2: exit {p.returncode}; {p.stderr.strip()[-400:]}")
     if p.returncode != 0:
         return
@@ -228,11 +242,11 @@ def calibrate_oversubscribed(bin_path, tmp):
 
 def under_mpirun(bin_path):
     """Planning runs no collective: under mpirun only rank 0 prints the plan, or the error."""
-    mpirun = shutil.which("mpirun")
-    if not mpirun:
+    prefix = two_ranks()
+    if not prefix:
         print("under_mpirun: skipped (no mpirun)")
         return
-    base = [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2", bin_path]
+    base = [*prefix, bin_path]
     p = subprocess.run(base + ["--model", "micro", "--world-size", "2"], capture_output=True, text=True, timeout=120)
     check(p.returncode == 0 and p.stdout.count("Recommendation:") == 1,
           f"mpirun -n 2 fsdp-plan prints the plan once: rc {p.returncode}, {p.stdout.count('Recommendation:')} plans")

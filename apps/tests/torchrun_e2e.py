@@ -50,8 +50,8 @@ def norms(path):
 
 
 def test_parity(opts, tmp):
-    if shutil.which("mpirun") is None:  # a build without MPI: nothing to compare with
-        print("SKIP: no mpirun")
+    if shutil.which("mpirun") is None or os.environ.get("FSDP_BUILD_WITH_MPI") == "0":
+        print("SKIP: no mpirun, or a build without MPI: nothing to compare with")
         sys.exit(77)
     for precision in ("fp32", "bf16"):
         flags = ["--steps", "6", "--mixed-precision", precision, "--strategy", "full_shard"]
@@ -59,7 +59,7 @@ def test_parity(opts, tmp):
         launch(flags + ["--metrics", m_mpi], 2, opts)
         p = torchrun(2, opts, flags + ["--metrics", m_gloo])
         out = p.stdout + p.stderr
-        check("2 rank(s)" in out and "1 rank(s)" not in out, "%s: torchrun runs one job of 2 ranks" % precision)
+        check("2 rank(s) over gloo" in out and "1 rank(s)" not in out, "%s: torchrun runs one job of 2 ranks" % precision)
         a, b = losses(m_mpi), losses(m_gloo)
         check(sorted(b) == list(range(1, 7)), "%s: 6 steps over gloo" % precision)
         check(a == b, "%s: losses over gloo equal mpirun's bit for bit: %r" % (precision, [b[s] for s in sorted(b)]))
@@ -135,6 +135,8 @@ def test_restart(opts, tmp):
     check(sorted(got) == list(range(resumed_from + 1, steps + 1)), "steps %d..%d after the restart"
           % (resumed_from + 1, steps))
     check(all(got[s] == want[s] for s in got), "losses after the restart equal the uninterrupted run's bit for bit")
+    check("(steps %d-%d, resumed at step %d)" % (resumed_from + 1, steps, resumed_from) in text,
+          "the restarted attempt's closing line says which steps it trained")
 
     # The same checkpoint continues at other world sizes (a copy: --resume auto takes the newest).
     for n in (1, 4):  # the tests' global batch of 4 sequences divides among 1, 2 and 4 ranks

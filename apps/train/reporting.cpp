@@ -211,7 +211,7 @@ void print_start(Console& console, const TrainConfig& c, const RunFacts& f,
   }
   console.line("fsdp-train: " + f.model + " (" + human_count(static_cast<double>(f.num_params)) +
                " params, " + std::to_string(f.n_layer) + " FSDP block units + root) on " +
-               std::to_string(f.world_size) + " rank(s), " + f.strategy + ", " +
+               std::to_string(f.world_size) + " rank(s) over " + f.backend + ", " + f.strategy + ", " +
                c.mixed_precision + "; " + human_count(static_cast<double>(f.train_tokens)) +
                " train / " + human_count(static_cast<double>(f.val_tokens)) +
                " val tokens; batch " + std::to_string(c.global_batch_size) + " x " +
@@ -331,10 +331,15 @@ std::string done_line(const RunTotals& t) {
   if (t.start_step >= t.steps) {
     return "done: nothing to train, the run resumed at step " + std::to_string(t.start_step) + " = --steps";
   }
-  char buf[256];
+  // A resumed run trained steps start_step+1..steps only: say so, the first loss is not the run's.
+  const std::string resumed =
+      t.start_step > 0 ? " (steps " + std::to_string(t.start_step + 1) + "-" + std::to_string(t.steps) +
+                             ", resumed at step " + std::to_string(t.start_step) + ")"
+                       : "";
+  char buf[320];
   std::snprintf(buf, sizeof(buf),
-                "done: train loss %.4f -> %.4f, val loss %.4f, %.1f s total, %s tok/s mean",
-                t.first_train_loss, t.final_train_loss, t.final_val_loss, t.total_time_s,
+                "done: train loss %.4f -> %.4f%s, val loss %.4f, %.1f s total, %s tok/s mean",
+                t.first_train_loss, t.final_train_loss, resumed.c_str(), t.final_val_loss, t.total_time_s,
                 human_count(t.mean_tokens_per_s).c_str());
   return buf;
 }

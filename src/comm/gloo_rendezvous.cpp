@@ -15,6 +15,7 @@
 
 #include "fsdp/comm/gloo_backend.h"
 #include "fsdp/comm/job_channel.h"
+#include "fsdp/comm/world.h"
 #include "fsdp/common/check.h"
 
 namespace fsdp::comm {
@@ -129,6 +130,17 @@ bool torchrun_environment() {
 
 GlooRendezvous GlooRendezvous::from_env() {
   GlooRendezvous rv;
+  if (!env_or_null("WORLD_SIZE") && !env_or_null("RANK")) {
+    for (const char* mpi_var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+      FSDP_CHECK(!env_or_null(mpi_var), ErrorKind::kInvalidArgument, (ErrorContext{launcher_rank(), "", "gloo rendezvous"}),
+                 "the gloo backend takes its ranks from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, "
+                 "MASTER_PORT), but this process was started by an MPI launcher (", mpi_var,
+                 " is set, RANK and WORLD_SIZE are not): use the mpi backend under mpirun, or launch with torchrun");
+    }
+    // No launcher at all: a job of this one process, over a TCP store it serves on a free port.
+    rv.master_port = 0;
+    return rv;
+  }
   rv.world_size = env_int("WORLD_SIZE", 1, 1 << 20, -1);
   rv.rank = env_int("RANK", 0, rv.world_size - 1, -1);
   const char* restarts = env_or_null("TORCHELASTIC_RESTART_COUNT");

@@ -28,15 +28,17 @@ void init_launcher() {
 std::string resolve_backend(const std::string& requested) {
   FSDP_CHECK(requested == "auto" || requested == "mpi" || requested == "gloo", ErrorKind::kInvalidArgument,
              (ErrorContext{-1, "", "world_from_env"}), "backend '", requested, "': expected auto, mpi or gloo");
-  const std::string chosen = requested != "auto" ? requested : torchrun_environment() ? "gloo" : "mpi";
+  // auto: gloo under torchrun; otherwise MPI (mpirun, or a single process), or gloo in a build
+  // without MPI (a single process then forms a world of one).
+  const std::string chosen =
+      requested != "auto" ? requested : (torchrun_environment() || !mpi_available()) ? "gloo" : "mpi";
   // torchrun starts its ranks without an MPI launcher: each would be an MPI job of one rank.
   FSDP_CHECK(chosen != "mpi" || !torchrun_environment(), ErrorKind::kInvalidArgument,
              (ErrorContext{launcher_rank(), "", "world_from_env"}),
              "backend 'mpi' in a torchrun job (RANK, WORLD_SIZE set, no MPI launcher): its ranks would not "
              "form one MPI job; use the gloo backend under torchrun, or launch with mpirun");
   FSDP_CHECK(chosen != "mpi" || mpi_available(), ErrorKind::kUnsupported, (ErrorContext{-1, "", "world_from_env"}),
-             "backend 'mpi'", requested == "auto" ? " (no torchrun environment: RANK, WORLD_SIZE unset)" : "",
-             " is not in this build (FSDP_WITH_MPI=OFF): launch with torchrun or use --backend gloo");
+             "backend 'mpi' is not in this build (FSDP_WITH_MPI=OFF): launch with torchrun or use --backend gloo");
   return chosen;
 }
 

@@ -122,7 +122,7 @@ ModelSpec gpt_model(const GptShape& s, const std::string& name) {
   return m;
 }
 
-std::vector<std::string> llama_preset_names() { return {"llama2-7b", "llama2-13b", "llama2-70b"}; }
+std::vector<std::string> llama_preset_names() { return {"llama-tiny", "llama2-7b", "llama2-13b", "llama2-70b"}; }
 
 LlamaShape llama_shape(const std::string& preset) {
   LlamaShape l;  // vocab 32000, context 4096 for all three
@@ -133,12 +133,16 @@ LlamaShape llama_shape(const std::string& preset) {
     l.n_kv_head = kv_heads;
     l.ffn_hidden = ffn;
   };
-  if (preset == "llama2-7b") set(4096, 32, 32, 32, 11008);
+  if (preset == "llama-tiny") {  // fsdp-train's test model: vocab 512, context 256
+    set(64, 2, 4, 2, 172);
+    l.vocab_size = 512;
+    l.context = 256;
+  } else if (preset == "llama2-7b") set(4096, 32, 32, 32, 11008);
   else if (preset == "llama2-13b") set(5120, 40, 40, 40, 13824);
   else if (preset == "llama2-70b") set(8192, 80, 64, 8, 28672);
   else {
     throw Error(ErrorKind::kInvalidArgument, kSpecWhere,
-                str_cat("unknown Llama-2 preset '", preset, "' (known: ", join(llama_preset_names()), ")"));
+                str_cat("unknown Llama preset '", preset, "' (known: ", join(llama_preset_names()), ")"));
   }
   return l;
 }

@@ -1,6 +1,7 @@
 // A profile written out as its JSON file, and a profile loaded by name or from a file
 // (docs/planner.md, "Profile file"; reading a file's fields: profile_from_json.cpp).
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -89,6 +90,10 @@ std::string profile_to_json(const DeviceProfile& p) {
 DeviceProfile load_profile(const std::string& name_or_path) {
   const auto names = builtin_profile_names();
   if (std::find(names.begin(), names.end(), name_or_path) != names.end()) return builtin_profile(name_or_path);
+  std::error_code ec;
+  FSDP_CHECK(!std::filesystem::is_directory(name_or_path, ec), ErrorKind::kInvalidArgument, profile_file::kWhere,
+             "profile '", name_or_path, "' is a directory: give the JSON file that fsdp-plan --calibrate --out "
+             "wrote, or a built-in profile (a100, h100)");
   std::ifstream in(name_or_path);
   FSDP_CHECK(in.good(), ErrorKind::kIo, profile_file::kWhere, "cannot read profile '", name_or_path,
              "' (neither a file nor a built-in profile: a100, h100)");

@@ -40,8 +40,10 @@ struct GlooRendezvous {
 
   /// From the torchrun environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required),
   /// TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT (optional); or, when
-  /// FSDP_GLOO_FILE_STORE names a directory, a file store with RANK and WORLD_SIZE. Throws
-  /// fsdp::Error (kInvalidArgument) naming the variable that is missing or malformed.
+  /// FSDP_GLOO_FILE_STORE names a directory, a file store with RANK and WORLD_SIZE; or, with
+  /// neither RANK nor WORLD_SIZE set and no launcher at all, a job of one process over a TCP store
+  /// on 127.0.0.1 at a free port. Throws fsdp::Error (kInvalidArgument) naming the variable that
+  /// is missing or malformed, or naming the MPI launcher that started this process without them.
   static GlooRendezvous from_env();
 };
 

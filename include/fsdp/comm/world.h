@@ -8,7 +8,8 @@
 namespace fsdp::comm {
 
 /// "mpi" or "gloo" for `requested` ("auto", "mpi" or "gloo"): "auto" is "gloo" when
-/// torchrun_environment() (RANK and WORLD_SIZE set, no MPI launcher's variables), else "mpi".
+/// torchrun_environment() (RANK and WORLD_SIZE set, no MPI launcher's variables) or when this
+/// build has no MPI, else "mpi".
 /// Throws fsdp::Error (kInvalidArgument) for another name or for "mpi" in a torchrun environment
 /// (its ranks would not form one MPI job), (kUnsupported) for "mpi" in a build without MPI
 /// (FSDP_WITH_MPI off).

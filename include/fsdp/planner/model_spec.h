@@ -103,8 +103,10 @@ struct LlamaShape {
 };
 
 /// "llama2-7b" (C 4096, 32 layers, 32 heads, MLP 11008), "llama2-13b" (5120, 40, 40, 13824),
-/// "llama2-70b" (8192, 80, 64 heads with 8 key/value heads, 28672); vocab 32000, context 4096.
-/// Throws fsdp::Error (kInvalidArgument) naming the known presets.
+/// "llama2-70b" (8192, 80, 64 heads with 8 key/value heads, 28672); vocab 32000, context 4096;
+/// and "llama-tiny" (64, 2 layers, 4 heads with 2 key/value heads, 172; vocab 512, context 256),
+/// fsdp-train's test model. fsdp-train builds its Llama presets from this table. Throws
+/// fsdp::Error (kInvalidArgument) naming the known presets.
 LlamaShape llama_shape(const std::string& preset);
 std::vector<std::string> llama_preset_names();
 /// Root = {embed_tokens (V, C), norm (C), lm_head (V, C)}; block "layers.i" = {input_layernorm

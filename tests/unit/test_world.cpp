@@ -1,0 +1,134 @@
+// Tier `unit`: how a process finds its world from its launcher's environment (fsdp/comm/world.h,
+// gloo_backend.h): the backend `auto` picks, the launcher mistakes refused with a clear error, and
+// a process started with no launcher forming a world of one over Gloo.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "../common/error_of.h"
+#include "fsdp/comm/gloo_backend.h"
+#include "fsdp/comm/world.h"
+#include "fsdp/common/check.h"
+
+using fsdp_test::error_of;
+
+namespace {
+
+// Sets (or, for nullopt, unsets) environment variables for one test and restores them after.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const std::map<std::string, std::optional<std::string>>& vars) {
+    for (const auto& [name, value] : vars) {
+      const char* old = std::getenv(name.c_str());
+      saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
+      set(name, value);
+    }
+  }
+  ~ScopedEnv() {
+    for (const auto& [name, value] : saved_) set(name, value);
+  }
+
+ private:
+  static void set(const std::string& name, const std::optional<std::string>& value) {
+    if (value) {
+      setenv(name.c_str(), value->c_str(), 1);
+    } else {
+      unsetenv(name.c_str());
+    }
+  }
+  std::map<std::string, std::optional<std::string>> saved_;
+};
+
+// Every variable a launcher sets, unset: a process started by hand.
+std::map<std::string, std::optional<std::string>> no_launcher() {
+  std::map<std::string, std::optional<std::string>> vars;
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
+                           "PMIX_RANK", "PMI_RANK", "FSDP_GLOO_FILE_STORE", "TORCHELASTIC_RESTART_COUNT",
+                           "TORCHELASTIC_USE_AGENT_STORE"}) {
+    vars[name] = std::nullopt;
+  }
+  return vars;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST(World, AutoPicksGlooUnderTorchrunAndOtherwiseMpiWhenTheBuildHasIt) {
+  auto vars = no_launcher();
+  {
+    const ScopedEnv env(vars);
+    EXPECT_EQ(fsdp::comm::resolve_backend("auto"), fsdp::comm::mpi_available() ? "mpi" : "gloo");
+    EXPECT_EQ(fsdp::comm::resolve_backend("gloo"), "gloo");
+  }
+  vars["RANK"] = "1";
+  vars["WORLD_SIZE"] = "2";
+  {
+    const ScopedEnv env(vars);
+    EXPECT_EQ(fsdp::comm::resolve_backend("auto"), "gloo");
+    // mpi inside torchrun: its ranks would be MPI jobs of one rank each.
+    const fsdp::Error e = error_of([] { fsdp::comm::resolve_backend("mpi"); });
+    EXPECT_EQ(e.kind(), fsdp::ErrorKind::kInvalidArgument);
+    EXPECT_TRUE(contains(e.what(), "in a torchrun job")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "rank 1")) << e.what();
+  }
+  // The same variables beside an MPI launcher's: mpirun started it, auto stays with MPI.
+  vars["OMPI_COMM_WORLD_RANK"] = "1";
+  {
+    const ScopedEnv env(vars);
+    EXPECT_EQ(fsdp::comm::resolve_backend("auto"), fsdp::comm::mpi_available() ? "mpi" : "gloo");
+  }
+  const fsdp::Error e = error_of([] { fsdp::comm::resolve_backend("nccl"); });
+  EXPECT_EQ(e.kind(), fsdp::ErrorKind::kInvalidArgument);
+  EXPECT_TRUE(contains(e.what(), "backend 'nccl': expected auto, mpi or gloo")) << e.what();
+}
+
+TEST(World, GlooUnderAnMpiLauncherNamesTheLauncher) {
+  for (const char* mpi_var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    auto vars = no_launcher();
+    vars[mpi_var] = "1";
+    const ScopedEnv env(vars);
+    const fsdp::Error e = error_of([] { fsdp::comm::GlooRendezvous::from_env(); });
+    EXPECT_EQ(e.kind(), fsdp::ErrorKind::kInvalidArgument);
+    EXPECT_TRUE(contains(e.what(), std::string(mpi_var) + " is set")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "started by an MPI launcher")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "use the mpi backend under mpirun, or launch with torchrun")) << e.what();
+  }
+}
+
+TEST(World, TorchrunVariablesMissingOrMalformedAreNamed) {
+  auto vars = no_launcher();
+  vars["WORLD_SIZE"] = "2";
+  vars["RANK"] = "2";
+  {
+    const ScopedEnv env(vars);
+    const fsdp::Error e = error_of([] { fsdp::comm::GlooRendezvous::from_env(); });
+    EXPECT_TRUE(contains(e.what(), "RANK = '2': expected an integer in [0, 1]")) << e.what();
+  }
+  vars["RANK"] = "1";
+  {
+    const ScopedEnv env(vars);
+    const fsdp::Error e = error_of([] { fsdp::comm::GlooRendezvous::from_env(); });
+    EXPECT_TRUE(contains(e.what(), "MASTER_ADDR is not set")) << e.what();
+  }
+}
+
+// No launcher: a world of one over a TCP store on a free port; its collectives run.
+TEST(World, AProcessWithNoLauncherFormsAGlooWorldOfOne) {
+  const ScopedEnv env(no_launcher());
+  const fsdp::comm::GlooRendezvous rv = fsdp::comm::GlooRendezvous::from_env();
+  EXPECT_EQ(rv.world_size, 1);
+  EXPECT_EQ(rv.rank, 0);
+  EXPECT_EQ(rv.master_port, 0);
+  EXPECT_TRUE(rv.file_store_dir.empty());
+  const fsdp::comm::ProcessGroupPtr world = fsdp::comm::gloo_world(rv);
+  EXPECT_EQ(world->size(), 1);
+  at::Tensor t = at::arange(4, at::kFloat);
+  world->all_reduce(t)->wait();
+  EXPECT_TRUE(at::equal(t, at::arange(4, at::kFloat)));
+}
