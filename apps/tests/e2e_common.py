@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -39,11 +40,52 @@ def launch_prefix(n, name=None):
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n)]
 
 
+def mpmd_command(groups):
+    """One job whose ranks run different command lines (as a wrong hostfile, a per-node config
+    file or a stale environment makes them): `groups` is [(count, argv, working_dir or None)], the
+    first `count` ranks run the first argv, the next ones the second, and so on. mpirun's own MPMD
+    form (`-n k [-wdir d] argv : ...`), or under torchrun one bash per rank that picks its command
+    line by $RANK."""
+    if launcher() == "mpirun":
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
+        for i, (count, argv, wdir) in enumerate(groups):
+            cmd += ([":"] if i else []) + ["-n", str(count)] + (["-wdir", wdir] if wdir else []) + list(argv)
+        return cmd
+    script, first = [], 0
+    for count, argv, wdir in groups:
+        line = ("cd %s && " % shlex.quote(wdir) if wdir else "") + "exec " + " ".join(map(shlex.quote, argv))
+        script.append("if [ \"$RANK\" -lt %d ]; then %s; fi" % (first + count, line))
+        first += count
+    return torchrun_prefix(first) + ["bash", "-c", "\n".join(script) + "\nexit 99"]
+
+
 def torchrun_child_exit_code(p):
     """The exit code of the rank that failed first, from torchrun's report (torchrun itself exits
     1 for any failed rank), so that checks of fsdp-train's exit codes hold under either launcher."""
     m = re.search(r"Root Cause \(first observed failure\):.*?exitcode\s*:\s*(-?\d+)", p.stdout + p.stderr, re.S)
     return int(m.group(1)) if m else p.returncode
+
+
+def torchrun_report_start(text):
+    """Where torchrun's own closing failure report begins in `text` (its traceback ending in
+    ChildFailedError and the table naming the failed rank), or None when it has none. The ranks
+    have exited by the time torchrun prints it, so everything from there on is torchrun's."""
+    m = re.search(r"^Traceback \(most recent call last\):$(?=.*ChildFailedError)", text, re.M | re.S)
+    return m.start() if m else None
+
+
+def as_the_ranks_ended(p):
+    """A finished launch `p` (subprocess.CompletedProcess) as the ranks ended it, under either
+    launcher: under torchrun its exit code becomes the first failed rank's and torchrun's failure
+    report leaves stderr (kept in p.launcher_report), so that the checks of what the ranks printed
+    (one error line, no traceback) hold as under mpirun. Returns p."""
+    p.launcher_report = ""
+    if launcher() == "torchrun" and p.returncode != 0:
+        p.returncode = torchrun_child_exit_code(p)
+        cut = torchrun_report_start(p.stderr)
+        if cut is not None:
+            p.stderr, p.launcher_report = p.stderr[:cut], p.stderr[cut:]
+    return p
 
 
 def launch(args, n, opts, expect_ok=True):
@@ -53,8 +95,7 @@ def launch(args, n, opts, expect_ok=True):
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                        timeout=300)
     dt = time.time() - t0
-    if launcher() == "torchrun" and p.returncode != 0:
-        p.returncode = torchrun_child_exit_code(p)
+    as_the_ranks_ended(p)
     if expect_ok and p.returncode != 0:
         sys.stderr.write(p.stdout + p.stderr)
         raise SystemExit("FAIL: exit %d: %s" % (p.returncode, " ".join(cmd)))
@@ -103,6 +144,7 @@ def run(args, n, opts, env=None):
     t0 = time.time()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e,
                        timeout=300)
+    as_the_ranks_ended(p)
     print("  n=%d %.1fs rc=%d: %s" % (n, time.time() - t0, p.returncode, " ".join(args)), flush=True)
     return p
 

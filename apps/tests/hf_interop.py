@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 
-from e2e_common import launch_prefix, launcher, torchrun_child_exit_code
+from e2e_common import as_the_ranks_ended, launch_prefix, launcher
 
 B, T, V = 2, 16, 96
 STRATEGIES = ["full_shard", "shard_grad_op", "zero1", "no_shard", "hybrid_shard"]
@@ -45,9 +45,7 @@ def run(opts, n, args):
         prefix = prefix[:-2] + ["--bind-to", "none"] + prefix[-2:]
     p = subprocess.run(prefix + [opts.bin] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if launcher() == "torchrun" and p.returncode != 0:
-        p.returncode = torchrun_child_exit_code(p)
-    return p
+    return as_the_ranks_ended(p)
 
 
 def main():

@@ -21,7 +21,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import TINY, check, error_line, events, launch, losses, run_main  # noqa: E402
+from e2e_common import (TINY, as_the_ranks_ended, check, error_line, events, launch, launch_prefix,  # noqa: E402
+                        losses, mpmd_command, run_main)
 
 
 def test_hf(opts, tmp):
@@ -121,11 +122,10 @@ LLAMA = ["--model", "llama-tiny"] + TINY[6:]
 
 
 def run_llama(opts, args, n, expect_ok=True, shape=True, env=None):
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), opts.bin,
-           "--data-dir", opts.data_dir] + (LLAMA if shape else TINY[6:]) + args
+    cmd = launch_prefix(n) + [opts.bin, "--data-dir", opts.data_dir] + (LLAMA if shape else TINY[6:]) + args
     t0 = time.time()
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})), timeout=300)
+    p = as_the_ranks_ended(subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})), timeout=300))
     print("  n=%d %.1fs rc=%d: %s%s" % (n, time.time() - t0, p.returncode, " ".join(args),
                                         " (%s)" % env if env else ""), flush=True)
     if expect_ok and p.returncode != 0:
@@ -283,10 +283,9 @@ def test_llama(opts, tmp):
     shutil.copytree(os.path.join(tmp, "llama-same"), os.path.join(host_a, "m"))
     shutil.copytree(tuned, os.path.join(host_b, "m"))
     side = [os.path.abspath(opts.bin), "--data-dir", os.path.abspath(opts.data_dir)] + TINY[6:] + ["--steps", "1", "--init-from-hf", "m"]
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "1", "-wdir", host_a] + side + \
-          [":", "-n", "1", "-wdir", host_b] + side
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    cmd = mpmd_command([(1, side, host_a), (1, side, host_b)])
+    p = as_the_ranks_ended(subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300))
     line = next((l for l in p.stderr.splitlines() if "fsdp-train: error:" in l), "")
     check(p.returncode == 1 and "the ranks read different files" in line and "rank(s) 1" in line,
           "ranks given different copies at one path: exit %d, %r %s" % (p.returncode, line[-260:], p.stderr[-1500:] if not line else ""))

@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import TINY, check, events, expect_error, run, run_main  # noqa: E402
+from e2e_common import TINY, as_the_ranks_ended, check, events, expect_error, mpmd_command, run, run_main  # noqa: E402
 
 
 def test_token_cache(opts, tmp):
@@ -57,11 +57,10 @@ def run_mpmd(args_a, args_b, n_each, opts):
     """Ranks 0..n_each-1 launched with args_a, the next n_each with args_b (as a wrong hostfile, a
     per-node config file or a stale environment does), each on the TINY model."""
     base = [opts.bin, "--data-dir", opts.data_dir] + TINY + ["--steps", "2"]
-    cmd = (["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n_each)] + base + args_a +
-           [":", "-n", str(n_each)] + base + args_b)
+    cmd = mpmd_command([(n_each, base + args_a, None), (n_each, base + args_b, None)])
     t0 = time.time()
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=90)
+    p = as_the_ranks_ended(subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=90))
     print("  n=%d %.1fs rc=%d: %s | %s" % (2 * n_each, time.time() - t0, p.returncode, " ".join(args_a),
                                           " ".join(args_b)), flush=True)
     return p

@@ -1,4 +1,5 @@
-// Shards a Linear over the MPI world and checks one SGD step against the closed form.
+// Shards a Linear over the launcher's world (mpirun: MPI; torchrun: Gloo) and checks one SGD step
+// against the closed form.
 #include <fsdp/fsdp.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
@@ -6,7 +7,7 @@
 #include <cstdio>
 
 int main() {
-  auto world = fsdp::comm::mpi_world();
+  auto world = fsdp::comm::world_from_env();
   auto lin = torch::nn::Linear(torch::nn::LinearOptions(3, 2).bias(false)).ptr();
   {
     torch::NoGradGuard g;
