@@ -138,6 +138,20 @@ def test_restart(opts, tmp):
     check("(steps %d-%d, resumed at step %d)" % (resumed_from + 1, steps, resumed_from) in text,
           "the restarted attempt's closing line says which steps it trained")
 
+    # A restart before the first checkpoint: --resume auto starts fresh and still appends, so the
+    # earlier attempt's events (here one step record standing for them) stay in --metrics.
+    early, me = os.path.join(tmp, "ckpt-empty"), os.path.join(tmp, "early.jsonl")
+    with open(me, "w") as f:
+        f.write(json.dumps({"event": "step", "step": 1, "loss": 1.0, "attempt": "earlier"}) + "\n")
+    torchrun(2, opts, ["--steps", "2", "--resume", "auto", "--save", early, "--metrics", me])
+    with open(me) as f:
+        kept = [json.loads(line) for line in f if line.strip()]
+    fresh = [e for e in kept if e.get("event") == "config"]
+    check(kept[0].get("attempt") == "earlier" and len(fresh) == 1 and fresh[0].get("resume") == "" and
+          fresh[0].get("resume_asked") == "auto",
+          "a fresh start under --resume auto appends to --metrics (earlier attempt kept; config says "
+          "resume '', resume_asked 'auto')")
+
     # The same checkpoint continues at other world sizes (a copy: --resume auto takes the newest).
     for n in (1, 4):  # the tests' global batch of 4 sequences divides among 1, 2 and 4 ranks
         ck, mn = os.path.join(tmp, "ckpt-n%d" % n), os.path.join(tmp, "n%d.jsonl" % n)

@@ -70,6 +70,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     // --resume auto: the newest checkpoint in --save, or a fresh start (a restarted job).
+    config->resume_asked = config->resume;
     config->resume = apps::train::resolve_auto_resume(config->resume, config->save, *world);
     fsdp::accounting::install_counting_allocator();
     if (config->memory_budget_bytes > 0) fsdp::accounting::set_memory_budget(config->memory_budget_bytes, rank);

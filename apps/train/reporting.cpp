@@ -176,7 +176,7 @@ json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& 
       {"memory_budget_bytes", c.memory_budget_bytes},
       {"root_output_dtype", f.root_output_fp32 ? "fp32" : "unchanged"},
       {"save", c.save}, {"save_every", c.save_every}, {"keep", c.keep},
-      {"resume", c.resume}, {"resumed_from", f.resumed_from}, {"start_step", f.start_step},
+      {"resume", c.resume}, {"resume_asked", c.resume_asked}, {"resumed_from", f.resumed_from}, {"start_step", f.start_step},
       {"load_s", f.load_s}, {"export", c.export_path}, {"import", c.import_path},
       {"import_s", f.import_s},
       {"world_size", f.world_size}, {"host_of_ranks", f.host_of_ranks},

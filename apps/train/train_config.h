@@ -105,6 +105,9 @@ struct TrainConfig {
   int64_t save_every = 0;   ///< steps between saves (0: only after the last step); needs --save
   int64_t keep = 0;         ///< keep the newest K checkpoints in --save (0: all)
   std::string resume;       ///< checkpoint (or directory of checkpoints) to resume; "latest" = --save
+  /// --resume as given, before "auto" is resolved (to a checkpoint or to "" for a fresh start):
+  /// non-empty means the run may continue an earlier attempt, so --metrics is appended to.
+  std::string resume_asked;
   std::string export_path;  ///< full state dict (torch.load-able) written after training
   std::string import_path;  ///< full weights loaded before training (fine-tuning)
   /// A Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory (config.json + safetensors): the model's shape and

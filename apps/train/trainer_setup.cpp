@@ -117,8 +117,9 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   const Resumed resumed = resume(cfg_, mcfg, model_, *optimizer_, loss_scaling_, group_);
   progress_ = resumed.progress;
 
-  // A resumed run appends (an elastic restart keeps its earlier attempts' events).
-  metrics_.emplace(cfg_.metrics, rank_, cfg_.on_output_error == "stop", !cfg_.resume.empty());
+  // A run asked to resume appends, also when --resume auto found no checkpoint yet (an elastic
+  // restart before the first save keeps its earlier attempts' events).
+  metrics_.emplace(cfg_.metrics, rank_, cfg_.on_output_error == "stop", !cfg_.resume_asked.empty() || !cfg_.resume.empty());
   facts_.model = cfg_.init_from_hf.empty() ? cfg_.model : mcfg.hf_architecture() + " from " + cfg_.init_from_hf;
   facts_.family = mcfg.family();
   facts_.n_layer = mcfg.n_layer();

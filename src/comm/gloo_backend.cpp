@@ -114,7 +114,7 @@ void GlooBackend::run(const char* op, F&& call) {
     // before it a failed transport.
     const bool late = now_s() >= deadline_s();
     throw Error(late ? ErrorKind::kTimeout : ErrorKind::kCollective, ErrorContext{rank_, "", str_cat("gloo ", op)},
-                late ? str_cat("not complete by the deadline (", e.what(), ")") : std::string(e.what()));
+                late ? str_cat("not complete by the deadline (", message_of(e), ")") : message_of(e));
   }
 }
 

@@ -75,7 +75,7 @@ std::shared_ptr<gloo::rendezvous::Store> open_store(const GlooRendezvous& rv) {
     return std::make_shared<TcpStoreAdapter>(c10::make_intrusive<c10d::TCPStore>(rv.master_addr, o));
   } catch (const std::exception& e) {
     throw Error(ErrorKind::kCollective, ErrorContext{rv.rank, "", "gloo rendezvous"},
-                str_cat("cannot reach the TCP store at ", rv.master_addr, ":", rv.master_port, ": ", e.what()));
+                str_cat("cannot reach the TCP store at ", rv.master_addr, ":", rv.master_port, ": ", message_of(e)));
   }
 }
 
@@ -121,22 +121,23 @@ class GlooJobChannel final : public JobChannel {
 
 }  // namespace
 
-bool torchrun_environment() {
+const char* mpi_launcher_variable() {
   for (const char* mpi_var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
-    if (env_or_null(mpi_var)) return false;
+    if (env_or_null(mpi_var)) return mpi_var;
   }
-  return env_or_null("RANK") && env_or_null("WORLD_SIZE");
+  return nullptr;
 }
+
+bool torchrun_environment() { return !mpi_launcher_variable() && env_or_null("RANK") && env_or_null("WORLD_SIZE"); }
 
 GlooRendezvous GlooRendezvous::from_env() {
   GlooRendezvous rv;
   if (!env_or_null("WORLD_SIZE") && !env_or_null("RANK")) {
-    for (const char* mpi_var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
-      FSDP_CHECK(!env_or_null(mpi_var), ErrorKind::kInvalidArgument, (ErrorContext{launcher_rank(), "", "gloo rendezvous"}),
-                 "the gloo backend takes its ranks from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, "
-                 "MASTER_PORT), but this process was started by an MPI launcher (", mpi_var,
-                 " is set, RANK and WORLD_SIZE are not): use the mpi backend under mpirun, or launch with torchrun");
-    }
+    const char* mpi_var = mpi_launcher_variable();
+    FSDP_CHECK(!mpi_var, ErrorKind::kInvalidArgument, (ErrorContext{launcher_rank(), "", "gloo rendezvous"}),
+               "the gloo backend takes its ranks from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, "
+               "MASTER_PORT), but this process was started by an MPI launcher (", mpi_var,
+               " is set, RANK and WORLD_SIZE are not): use the mpi backend under mpirun, or launch with torchrun");
     // No launcher at all: a job of this one process, over a TCP store it serves on a free port.
     rv.master_port = 0;
     return rv;

@@ -1,7 +1,14 @@
 #include "fsdp/common/check.h"
 #include "fsdp/common/hash.h"
 
+#include <c10/util/Exception.h>
+
 namespace fsdp {
+
+std::string message_of(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
+  return e.what();
+}
 
 const char* to_string(ErrorKind kind) {
   switch (kind) {

@@ -132,3 +132,45 @@ TEST(World, AProcessWithNoLauncherFormsAGlooWorldOfOne) {
   world->all_reduce(t)->wait();
   EXPECT_TRUE(at::equal(t, at::arange(4, at::kFloat)));
 }
+
+// RANK without WORLD_SIZE (or the reverse), as a launch half set up by hand: refused under every
+// backend name, naming the missing variable, instead of training as independent jobs of one rank.
+TEST(World, HalfOfTheTorchrunVariablesIsRefused) {
+  for (const char* set : {"RANK", "WORLD_SIZE"}) {
+    auto vars = no_launcher();
+    vars[set] = "1";
+    const ScopedEnv env(vars);
+    const std::string missing = std::string(set) == "RANK" ? "WORLD_SIZE" : "RANK";
+    for (const char* backend : {"auto", "gloo", "mpi"}) {
+      const fsdp::Error e = error_of([&] { fsdp::comm::resolve_backend(backend); });
+      EXPECT_EQ(e.kind(), fsdp::ErrorKind::kInvalidArgument) << e.what();
+      EXPECT_TRUE(contains(e.what(), std::string(set) + " is set but " + missing + " is not")) << e.what();
+    }
+  }
+}
+
+// init_launcher initialises MPI only in a process an MPI launcher started: started by hand, the
+// environment stays as it was (a singleton MPI_Init would set PMIX_RANK, and the gloo rendezvous
+// would then take the process for an mpirun rank).
+TEST(World, InitLauncherLeavesAProcessStartedByHandAlone) {
+  const ScopedEnv env(no_launcher());
+  fsdp::comm::init_launcher();
+  EXPECT_EQ(fsdp::comm::mpi_launcher_variable(), nullptr);
+  EXPECT_EQ(fsdp::comm::GlooRendezvous::from_env().master_port, 0);
+}
+
+// A peer that never comes: rank 0 of 2 gives up after its connect timeout with one message, with
+// no C++ backtrace from c10d's store error in it (fsdp::message_of).
+TEST(World, AMissingPeerEndsTheRendezvousWithoutABacktrace) {
+  const ScopedEnv env(no_launcher());
+  fsdp::comm::GlooRendezvous rv;
+  rv.rank = 0;
+  rv.world_size = 2;
+  rv.master_port = 0;  // rank 0 serves the store on a free port; rank 1 is never started
+  rv.connect_timeout_s = 1.0;
+  const fsdp::Error e = error_of([&] { fsdp::comm::gloo_world(rv); });
+  const std::string what = e.what();
+  EXPECT_TRUE(contains(what, "gloo")) << what;
+  EXPECT_FALSE(contains(what, "frame #")) << what;
+  EXPECT_FALSE(contains(what, "Exception raised from")) << what;
+}

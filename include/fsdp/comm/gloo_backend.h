@@ -47,6 +47,11 @@ struct GlooRendezvous {
   static GlooRendezvous from_env();
 };
 
+/// The name of the first MPI launcher variable set in this process's environment
+/// (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK), or nullptr when none is: an MPI launcher started
+/// it. Read it before MPI_Init: a singleton MPI_Init in a process started by hand sets PMIX_RANK.
+const char* mpi_launcher_variable();
+
 /// True when this process was started by torchrun (or any launcher that sets RANK and WORLD_SIZE
 /// the same way) and not by an MPI launcher (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK unset).
 bool torchrun_environment();

@@ -12,15 +12,17 @@ namespace fsdp::comm {
 /// build has no MPI, else "mpi".
 /// Throws fsdp::Error (kInvalidArgument) for another name or for "mpi" in a torchrun environment
 /// (its ranks would not form one MPI job), (kUnsupported) for "mpi" in a build without MPI
-/// (FSDP_WITH_MPI off).
+/// (FSDP_WITH_MPI off), (kInvalidArgument) when only one of RANK and WORLD_SIZE is set outside an
+/// MPI launcher.
 std::string resolve_backend(const std::string& requested);
 
 /// This process's rank as its launcher numbered it, from the environment (OMPI_COMM_WORLD_RANK,
 /// PMIX_RANK, PMI_RANK, then torchrun's RANK); 0 when no launcher set one. Needs no world group.
 int launcher_rank();
 
-/// Initialises MPI (init_mpi) when this build has MPI and the environment is not torchrun's, so
-/// that MPI_Init comes first in a process an MPI launcher started; does nothing otherwise.
+/// Initialises MPI (init_mpi) when this build has MPI and an MPI launcher started this process
+/// (mpi_launcher_variable()), so that MPI_Init comes first there; does nothing otherwise (a
+/// process started by hand initialises MPI only if it chooses the mpi backend).
 void init_launcher();
 
 /// True when this build has the MPI backend (FSDP_WITH_MPI).

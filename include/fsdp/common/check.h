@@ -5,6 +5,7 @@
 
 #include <sstream>
 #include <stdexcept>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,10 @@ Error make_error(ErrorKind kind, ErrorContext where, const Args&... args) {
   return Error(kind, std::move(where), str_cat(args...));
 }
 }  // namespace detail
+
+/// An exception's message for a one-line error: a c10::Error's without the C++ backtrace libtorch
+/// appends to its what() (c10d's store and libtorch's ops throw them), any other's what().
+std::string message_of(const std::exception& e);
 
 /// The first `shown` items joined with ", ", then " and K more" for the rest (lists in errors).
 std::string join_first(const std::vector<std::string>& items, size_t shown = 6);
