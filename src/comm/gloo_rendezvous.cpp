@@ -128,6 +128,15 @@ const char* mpi_launcher_variable() {
   return nullptr;
 }
 
+void check_rank_and_world_size_paired() {
+  if (mpi_launcher_variable()) return;
+  const bool has_rank = env_or_null("RANK") != nullptr, has_size = env_or_null("WORLD_SIZE") != nullptr;
+  FSDP_CHECK(has_rank == has_size, ErrorKind::kInvalidArgument, (ErrorContext{launcher_rank(), "", "world_from_env"}),
+             has_rank ? "RANK" : "WORLD_SIZE", " is set but ", has_rank ? "WORLD_SIZE" : "RANK",
+             " is not: set both (with MASTER_ADDR and MASTER_PORT) or launch with torchrun; with neither, "
+             "a process started by hand is a job of one rank");
+}
+
 bool torchrun_environment() { return !mpi_launcher_variable() && env_or_null("RANK") && env_or_null("WORLD_SIZE"); }
 
 GlooRendezvous GlooRendezvous::from_env() {

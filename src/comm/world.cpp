@@ -33,13 +33,7 @@ std::string resolve_backend(const std::string& requested) {
              (ErrorContext{-1, "", "world_from_env"}), "backend '", requested, "': expected auto, mpi or gloo");
   // RANK without WORLD_SIZE, or the reverse, is a launch half set up by hand: under auto it would
   // train as independent jobs of one rank each.
-  if (!mpi_launcher_variable()) {
-    const bool has_rank = std::getenv("RANK") != nullptr, has_size = std::getenv("WORLD_SIZE") != nullptr;
-    FSDP_CHECK(has_rank == has_size, ErrorKind::kInvalidArgument, (ErrorContext{launcher_rank(), "", "world_from_env"}),
-               has_rank ? "RANK" : "WORLD_SIZE", " is set but ", has_rank ? "WORLD_SIZE" : "RANK",
-               " is not: set both (with MASTER_ADDR and MASTER_PORT) or launch with torchrun; with neither, "
-               "a process started by hand is a job of one rank");
-  }
+  check_rank_and_world_size_paired();
   // auto: gloo under torchrun; otherwise MPI (mpirun, or a single process), or gloo in a build
   // without MPI (a single process then forms a world of one).
   const std::string chosen =

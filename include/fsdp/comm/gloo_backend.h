@@ -52,6 +52,11 @@ struct GlooRendezvous {
 /// it. Read it before MPI_Init: a singleton MPI_Init in a process started by hand sets PMIX_RANK.
 const char* mpi_launcher_variable();
 
+/// Outside an MPI launcher, RANK and WORLD_SIZE are both set or both unset (read as the rendezvous
+/// reads them: an empty value is unset). Throws fsdp::Error (kInvalidArgument) naming the one
+/// that is missing: a launch half set up by hand would otherwise train as jobs of one rank.
+void check_rank_and_world_size_paired();
+
 /// True when this process was started by torchrun (or any launcher that sets RANK and WORLD_SIZE
 /// the same way) and not by an MPI launcher (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK unset).
 bool torchrun_environment();
