@@ -25,7 +25,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import TINY, check, events, launch, losses, max_rel, run_main, torchrun_prefix  # noqa: E402
+from e2e_common import (TINY, check, events, launch, launch_prefix, losses, max_rel, run_main,  # noqa: E402
+                         torchrun_child_exit_code, torchrun_prefix)
 
 
 def torchrun_cmd(n, opts, args, extra=()):
@@ -68,6 +69,22 @@ def test_parity(opts, tmp):
     lines = [l for l in (p.stdout + p.stderr).splitlines() if "fsdp-train" in l and "error:" in l]
     check(p.returncode != 0 and lines and "torchrun" in lines[0], "--backend mpi under torchrun fails: %r"
           % (lines[0][:200] if lines else ""))
+    code = torchrun_child_exit_code(p)
+    check(code == 2, "--backend mpi under torchrun: the ranks exit 2, a launch error (got %d)" % code)
+    # mpirun with torchrun's variables left in the environment and --backend gloo: every rank would
+    # claim RANK 0 of a Gloo world; refused at once on each, exit 2, no MPI_ABORT (it used to wait
+    # in the rendezvous until the outer timeout).
+    env = dict(os.environ, OMP_NUM_THREADS="1", RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT="29731")
+    t0 = time.time()
+    p = subprocess.run(launch_prefix(2) + [opts.bin, "--data-dir", opts.data_dir] + TINY +
+                       ["--steps", "2", "--backend", "gloo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, env=env, timeout=120)
+    out = p.stdout + p.stderr
+    print("  mpirun n=2 --backend gloo with RANK set: %.1fs rc=%d" % (time.time() - t0, p.returncode))
+    check(p.returncode == 2 and "started by an MPI launcher" in out and "MPI_ABORT" not in out
+          and "Exception raised from" not in out,
+          "--backend gloo under mpirun with RANK and WORLD_SIZE set is refused (exit 2): %s" % out[-1500:])
 
 
 def rank_pids(marker):

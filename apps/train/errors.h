@@ -25,6 +25,14 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A launch this process cannot join (a backend its launcher does not start, torchrun's variables
+/// missing or malformed, a MASTER_ADDR that does not resolve), met before any process group
+/// exists. Each rank that meets it prints it under its own rank (its peers may not meet it, and no
+/// collective is waiting on it), exit code 2, no MPI_Abort.
+struct LaunchError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 /// A collective checkpoint operation (--resume, --save, --export, --import) failed with
 /// fsdp::Error on every rank (the library guarantees the same verdict everywhere). Rank 0 prints
 /// it, exit code 1, no MPI_Abort.

@@ -84,6 +84,9 @@ int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder
     // Every rank reaches the same verdict: rank 0 reports it, all exit cleanly.
     if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;
     return 2;
+  } catch (const LaunchError& e) {
+    std::cerr << "fsdp-train [rank " << rank << "]: error: " << e.what() << std::endl;
+    return 2;
   } catch (const CheckpointError& e) {
     if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;
     return 1;

@@ -46,6 +46,9 @@
 #include "train/trainer.h"
 
 int main(int argc, char** argv) {
+  // Whole lines on stderr: an error line written piece by piece is interleaved with other ranks'
+  // output (mpirun --tag-output tags every piece).
+  std::setvbuf(stderr, nullptr, _IOLBF, 1 << 16);
   std::string flight_recorder_dir, strategy;
   double agree_s = 30.0;
   try {
@@ -58,7 +61,14 @@ int main(int argc, char** argv) {
     const fsdp::comm::ProcessGroupOptions options = apps::train::group_options(*config);
     flight_recorder_dir = options.flight_recorder_dir;
     agree_s = std::min(agree_s, options.timeout_s);
-    fsdp::comm::ProcessGroupPtr world = fsdp::comm::world_from_env(config->backend, options);
+    fsdp::comm::ProcessGroupPtr world;
+    try {
+      world = fsdp::comm::world_from_env(config->backend, options);
+    } catch (const fsdp::Error& e) {
+      // The launch itself is wrong: nothing is running yet that an abort would have to end.
+      if (e.kind() != fsdp::ErrorKind::kInvalidArgument && e.kind() != fsdp::ErrorKind::kUnsupported) throw;
+      throw apps::train::LaunchError(e.what());
+    }
     // Before anything else: every rank was launched with the same settings.
     apps::train::check_ranks_agree(apps::train::shared_settings(*config), *world,
                                    "launch every rank with the same flags and config file");

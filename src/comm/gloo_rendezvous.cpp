@@ -1,6 +1,7 @@
 // Rendezvous of a Gloo job: the torchrun environment, c10d's TCPStore behind Gloo's Store
 // interface, Gloo's file store, the check that Gloo's symbols come from the system's library.
 #include <dlfcn.h>
+#include <netdb.h>
 #include <unistd.h>
 #include <gloo/allgather.h>
 #include <gloo/rendezvous/file_store.h>
@@ -8,11 +9,17 @@
 #include <gloo/transport/tcp/device.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <mutex>
+#include <thread>
 
+#include "fsdp/comm/comm_stats.h"
 #include "fsdp/comm/gloo_backend.h"
 #include "fsdp/comm/job_channel.h"
 #include "fsdp/comm/world.h"
@@ -40,8 +47,15 @@ int env_int(const char* name, int lo, int hi, int rank) {
 
 std::chrono::milliseconds ms_of(double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0)); }
 
+// Gloo's Store, plus a check that does not wait: which ranks have joined (joining below).
+class RendezvousStore : public gloo::rendezvous::Store {
+ public:
+  /// True when `key` is set; returns at once.
+  virtual bool has(const std::string& key) = 0;
+};
+
 // Gloo's Store over c10d's TCPStore (the store torchrun's agent serves).
-class TcpStoreAdapter final : public gloo::rendezvous::Store {
+class TcpStoreAdapter final : public RendezvousStore {
  public:
   explicit TcpStoreAdapter(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
   void set(const std::string& key, const std::vector<char>& data) override {
@@ -55,15 +69,139 @@ class TcpStoreAdapter final : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     store_->wait(keys, timeout);
   }
+  bool has(const std::string& key) override { return store_->check({key}); }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
-std::shared_ptr<gloo::rendezvous::Store> open_store(const GlooRendezvous& rv) {
+// Gloo's file store, with its own (protected) check made public.
+class CheckedFileStore final : public RendezvousStore {
+ public:
+  explicit CheckedFileStore(const std::string& dir) : store_(dir) {}
+  void set(const std::string& key, const std::vector<char>& data) override { store_.set(key, data); }
+  std::vector<char> get(const std::string& key) override { return store_.get(key); }
+  void wait(const std::vector<std::string>& keys) override { store_.wait(keys); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    store_.wait(keys, timeout);
+  }
+  bool has(const std::string& key) override { return store_.check({key}); }
+
+ private:
+  struct Exposed : gloo::rendezvous::FileStore {
+    using FileStore::FileStore;
+    using FileStore::check;
+  };
+  Exposed store_;
+};
+
+// When the first notice of a slow rendezvous step is printed, and how often after it: soon enough
+// that a user who started too few ranks learns it in seconds, rarely enough not to flood a log.
+double first_notice_s(double timeout_s) { return std::min(10.0, timeout_s / 4); }
+double notice_every_s(double timeout_s) { return std::min(30.0, timeout_s / 2); }
+
+// Prints text(seconds so far) on stderr at first_notice_s and then every notice_every_s while it
+// lives, from a thread of its own: for a step that blocks in a library call (c10d's TCPStore
+// connecting to a server that is not there yet retries silently until its timeout).
+class SlowStepNotice {
+ public:
+  SlowStepNotice(double timeout_s, std::function<std::string(double)> text)
+      : thread_([this, timeout_s, text = std::move(text)] {
+          const double t0 = now_s();
+          double next = t0 + first_notice_s(timeout_s);
+          std::unique_lock<std::mutex> lock(mu_);
+          for (;;) {
+            const auto wait = std::chrono::duration<double>(std::max(0.0, next - now_s()));
+            if (cv_.wait_for(lock, wait, [this] { return done_; })) return;
+            std::fprintf(stderr, "[fsdp] %s\n", text(now_s() - t0).c_str());
+            next = now_s() + notice_every_s(timeout_s);
+          }
+        }) {}
+  ~SlowStepNotice() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: started once the members it reads exist
+};
+
+std::string store_description(const GlooRendezvous& rv) {
+  if (!rv.file_store_dir.empty()) return str_cat("file store ", rv.file_store_dir);
+  return str_cat("TCP store ", rv.master_addr, ":", rv.master_port,
+                 rv.store_is_served ? " (served by the launcher)" : " (served by rank 0)");
+}
+
+// "rank 3", "ranks 0, 2, 5" (the first 16, then how many more)
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size() && i < 16; ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > 16) out += str_cat(" and ", ranks.size() - 16, " more");
+  return out;
+}
+
+// [Note: joining] Gloo's full-mesh connect waits, silently, until its timeout for a rank that never
+// comes (torchrun's --nproc-per-node or --nnodes smaller than WORLD_SIZE says, a host that did not
+// start, a rank that died before it reached the rendezvous). So every rank first sets a key of its
+// own and waits for all of them, the store doing the waiting (one wait per notice period, not a
+// poll per rank); while some are missing it says every so often which, and past the connect
+// timeout it fails naming them. The key prefix carries torchrun's restart count, so a restarted
+// generation never counts the ranks of the one before.
+void join(RendezvousStore& store, const GlooRendezvous& rv) {
+  const std::string prefix = rv.key_prefix + "joined/";
+  store.set(prefix + std::to_string(rv.rank), std::vector<char>{'1'});
+  std::vector<std::string> keys;
+  for (int r = 0; r < rv.world_size; ++r) keys.push_back(prefix + std::to_string(r));
+  const double t0 = now_s(), deadline = t0 + rv.connect_timeout_s;
+  double slice_s = first_notice_s(rv.connect_timeout_s);
+  for (;;) {
+    const double left_s = deadline - now_s();
+    try {
+      store.wait(keys, ms_of(std::max(0.001, std::min(slice_s, left_s))));
+      return;
+    } catch (const std::exception&) {
+      // not all there yet (or the store went away: the next wait or the connect says so)
+    }
+    std::vector<int> missing;
+    for (int r = 0; r < rv.world_size; ++r) {
+      if (!store.has(keys[r])) missing.push_back(r);
+    }
+    if (missing.empty()) return;
+    const double waited_s = now_s() - t0;
+    FSDP_CHECK(now_s() < deadline, ErrorKind::kTimeout, (ErrorContext{rv.rank, "", "gloo rendezvous"}),
+               ranks_text(missing), " did not join the rendezvous (",
+               store_description(rv), ") within ", rv.connect_timeout_s, " s; WORLD_SIZE = ", rv.world_size,
+               ": every rank must start (torchrun's --nproc-per-node and --nnodes, one process per rank)");
+    std::fprintf(stderr, "[fsdp] rank %d: waiting for %s to join the rendezvous (%s): %.0f s so far, giving up after %.0f s\n",
+                 rv.rank, ranks_text(missing).c_str(), store_description(rv).c_str(), waited_s, rv.connect_timeout_s);
+    slice_s = notice_every_s(rv.connect_timeout_s);
+  }
+}
+
+std::shared_ptr<RendezvousStore> open_store(const GlooRendezvous& rv) {
   if (!rv.file_store_dir.empty()) {
     std::filesystem::create_directories(rv.file_store_dir);
-    return std::make_shared<gloo::rendezvous::FileStore>(rv.file_store_dir);
+    return std::make_shared<CheckedFileStore>(rv.file_store_dir);
+  }
+  {
+    // c10d's store retries an address that does not resolve until its timeout, printing a warning
+    // a second: a typo in MASTER_ADDR is named at once instead.
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rc = getaddrinfo(rv.master_addr.c_str(), nullptr, &hints, &found);
+    if (found) freeaddrinfo(found);
+    FSDP_CHECK(rc == 0, ErrorKind::kInvalidArgument, (ErrorContext{rv.rank, "", "gloo rendezvous"}),
+               "MASTER_ADDR '", rv.master_addr, "' does not resolve (", gai_strerror(rc),
+               "): set it to the host name or address of the node that runs rank 0");
   }
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(rv.master_port);
@@ -72,6 +210,13 @@ std::shared_ptr<gloo::rendezvous::Store> open_store(const GlooRendezvous& rv) {
   o.waitWorkers = false;
   o.timeout = ms_of(rv.connect_timeout_s);
   try {
+    std::unique_ptr<SlowStepNotice> notice;
+    if (!o.isServer) {
+      notice = std::make_unique<SlowStepNotice>(rv.connect_timeout_s, [&rv](double waited_s) {
+        return str_cat("rank ", rv.rank, ": still connecting to the ", store_description(rv), ": ",
+                       static_cast<int>(waited_s), " s so far, giving up after ", rv.connect_timeout_s, " s");
+      });
+    }
     return std::make_shared<TcpStoreAdapter>(c10::make_intrusive<c10d::TCPStore>(rv.master_addr, o));
   } catch (const std::exception& e) {
     throw Error(ErrorKind::kCollective, ErrorContext{rv.rank, "", "gloo rendezvous"},
@@ -141,12 +286,15 @@ bool torchrun_environment() { return !mpi_launcher_variable() && env_or_null("RA
 
 GlooRendezvous GlooRendezvous::from_env() {
   GlooRendezvous rv;
+  // Under an MPI launcher, RANK and WORLD_SIZE (left in the environment, or passed on with -x) are
+  // the same in every rank: a Gloo world from them would have every process claim one rank.
+  const char* mpi_var = mpi_launcher_variable();
+  FSDP_CHECK(!mpi_var, ErrorKind::kInvalidArgument, (ErrorContext{launcher_rank(), "", "gloo rendezvous"}),
+             "the gloo backend takes its ranks from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, "
+             "MASTER_PORT), but this process was started by an MPI launcher (", mpi_var,
+             " is set", env_or_null("RANK") ? "; RANK and WORLD_SIZE then say nothing of this process" : ", RANK and WORLD_SIZE are not",
+             "): use the mpi backend under mpirun, or launch with torchrun");
   if (!env_or_null("WORLD_SIZE") && !env_or_null("RANK")) {
-    const char* mpi_var = mpi_launcher_variable();
-    FSDP_CHECK(!mpi_var, ErrorKind::kInvalidArgument, (ErrorContext{launcher_rank(), "", "gloo rendezvous"}),
-               "the gloo backend takes its ranks from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, "
-               "MASTER_PORT), but this process was started by an MPI launcher (", mpi_var,
-               " is set, RANK and WORLD_SIZE are not): use the mpi backend under mpirun, or launch with torchrun");
     // No launcher at all: a job of this one process, over a TCP store it serves on a free port.
     rv.master_port = 0;
     return rv;
@@ -193,6 +341,7 @@ ProcessGroupPtr gloo_world(const GlooRendezvous& rendezvous, const ProcessGroupO
   }
   auto device = gloo::transport::tcp::CreateDevice(attr);
   auto store = open_store(rendezvous);
+  if (rendezvous.world_size > 1) join(*store, rendezvous);
   set_job_channel(std::make_shared<GlooJobChannel>(store, rendezvous.key_prefix, rendezvous.rank,
                                                    rendezvous.world_size));
   auto backend = std::make_unique<GlooBackend>(store, device, rendezvous.key_prefix + "world/", rendezvous.rank,

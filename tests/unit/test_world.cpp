@@ -4,11 +4,16 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "../common/error_of.h"
 #include "fsdp/comm/gloo_backend.h"
@@ -98,7 +103,34 @@ TEST(World, GlooUnderAnMpiLauncherNamesTheLauncher) {
     EXPECT_TRUE(contains(e.what(), std::string(mpi_var) + " is set")) << e.what();
     EXPECT_TRUE(contains(e.what(), "started by an MPI launcher")) << e.what();
     EXPECT_TRUE(contains(e.what(), "use the mpi backend under mpirun, or launch with torchrun")) << e.what();
+    // torchrun's variables left in the environment (or passed on with mpirun -x): the same in
+    // every rank, so they say nothing of this process, and the launch is refused as well.
+    auto leftover = vars;
+    leftover["RANK"] = "0";
+    leftover["WORLD_SIZE"] = "2";
+    leftover["MASTER_ADDR"] = "127.0.0.1";
+    leftover["MASTER_PORT"] = "29500";
+    const ScopedEnv env2(leftover);
+    const fsdp::Error e2 = error_of([] { fsdp::comm::GlooRendezvous::from_env(); });
+    EXPECT_EQ(e2.kind(), fsdp::ErrorKind::kInvalidArgument);
+    EXPECT_TRUE(contains(e2.what(), std::string(mpi_var) + " is set; RANK and WORLD_SIZE then say nothing")) << e2.what();
   }
+}
+
+// A MASTER_ADDR that does not resolve is named at once (c10d's store would retry it until its
+// timeout, printing a warning a second).
+TEST(World, AMasterAddressThatDoesNotResolveIsNamedAtOnce) {
+  const ScopedEnv env(no_launcher());
+  fsdp::comm::GlooRendezvous rv;
+  rv.rank = 1;
+  rv.world_size = 2;
+  rv.master_addr = "no-such-host.invalid";
+  rv.master_port = 29599;
+  rv.connect_timeout_s = 60.0;
+  const fsdp::Error e = error_of([&] { fsdp::comm::gloo_world(rv); });
+  EXPECT_EQ(e.kind(), fsdp::ErrorKind::kInvalidArgument) << e.what();
+  EXPECT_TRUE(contains(e.what(), "MASTER_ADDR 'no-such-host.invalid' does not resolve")) << e.what();
+  EXPECT_TRUE(contains(e.what(), "rank 1")) << e.what();
 }
 
 TEST(World, TorchrunVariablesMissingOrMalformedAreNamed) {
@@ -159,18 +191,66 @@ TEST(World, InitLauncherLeavesAProcessStartedByHandAlone) {
   EXPECT_EQ(fsdp::comm::GlooRendezvous::from_env().master_port, 0);
 }
 
-// A peer that never comes: rank 0 of 2 gives up after its connect timeout with one message, with
-// no C++ backtrace from c10d's store error in it (fsdp::message_of).
-TEST(World, AMissingPeerEndsTheRendezvousWithoutABacktrace) {
+// A peer that never comes: rank 0 of 3 says while it waits which ranks have not joined, then gives
+// up after its connect timeout with one message naming them, with no C++ backtrace from c10d's
+// store error in it (fsdp::message_of).
+TEST(World, AMissingPeerIsNamedWhileWaitingAndAtTheTimeout) {
   const ScopedEnv env(no_launcher());
   fsdp::comm::GlooRendezvous rv;
   rv.rank = 0;
-  rv.world_size = 2;
-  rv.master_port = 0;  // rank 0 serves the store on a free port; rank 1 is never started
-  rv.connect_timeout_s = 1.0;
+  rv.world_size = 3;
+  rv.master_port = 0;  // rank 0 serves the store on a free port; ranks 1 and 2 are never started
+  rv.connect_timeout_s = 2.0;
+  testing::internal::CaptureStderr();
   const fsdp::Error e = error_of([&] { fsdp::comm::gloo_world(rv); });
+  const std::string said = testing::internal::GetCapturedStderr();
   const std::string what = e.what();
-  EXPECT_TRUE(contains(what, "gloo")) << what;
+  EXPECT_EQ(e.kind(), fsdp::ErrorKind::kTimeout) << what;
+  EXPECT_TRUE(contains(what, "ranks 1, 2 did not join the rendezvous")) << what;
+  EXPECT_TRUE(contains(what, "within 2 s")) << what;
+  EXPECT_TRUE(contains(said, "rank 0: waiting for ranks 1, 2 to join the rendezvous")) << said;
   EXPECT_FALSE(contains(what, "frame #")) << what;
   EXPECT_FALSE(contains(what, "Exception raised from")) << what;
+}
+
+// A rank whose TCP store server (rank 0) never comes says so while it waits, then fails naming the
+// store, with no C++ backtrace.
+TEST(World, AStoreServerThatNeverComesIsNamedWhileWaiting) {
+  const ScopedEnv env(no_launcher());
+  fsdp::comm::GlooRendezvous rv;
+  rv.rank = 1;
+  rv.world_size = 2;
+  rv.master_port = 29597;  // nothing listens there
+  rv.connect_timeout_s = 2.0;
+  testing::internal::CaptureStderr();
+  const fsdp::Error e = error_of([&] { fsdp::comm::gloo_world(rv); });
+  const std::string said = testing::internal::GetCapturedStderr();
+  const std::string what = e.what();
+  EXPECT_TRUE(contains(what, "cannot reach the TCP store at 127.0.0.1:29597")) << what;
+  EXPECT_TRUE(contains(said, "rank 1: still connecting to the TCP store 127.0.0.1:29597 (served by rank 0)")) << said;
+  EXPECT_FALSE(contains(what, "Exception raised from")) << what;
+}
+
+// The same over a file store: two ranks of three join (threads of this process), the third is
+// named by both.
+TEST(World, AMissingPeerIsNamedOverAFileStore) {
+  const ScopedEnv env(no_launcher());
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("fsdp-join-" + std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(dir);
+  std::vector<std::string> whats(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      fsdp::comm::GlooRendezvous rv;
+      rv.rank = r;
+      rv.world_size = 3;
+      rv.file_store_dir = dir;
+      rv.connect_timeout_s = 1.0;
+      whats[r] = error_of([&] { fsdp::comm::gloo_world(rv); }).what();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  std::filesystem::remove_all(dir);
+  for (const std::string& what : whats) EXPECT_TRUE(contains(what, "rank 2 did not join the rendezvous (file store")) << what;
 }
