@@ -73,6 +73,8 @@ std::vector<Dump> read_dumps(const std::string& dir, std::vector<std::string>* p
       d.rank = j.at("rank").get<int>();
       d.world_size = j.value("world_size", 0);
       d.reason = j.value("reason", "");
+      d.process_started_unix_s = j.value("process_started_unix_s", 0.0);
+      d.written_unix_s = j.value("written_unix_s", 0.0);
       for (const auto& r : j.at("records")) {
         Entry e;
         e.group = r.value("group", "world");
@@ -91,6 +93,31 @@ std::vector<Dump> read_dumps(const std::string& dir, std::vector<std::string>* p
     } catch (const std::exception& e) {
       if (problems) problems->push_back(name + ": not a flight-recorder dump (" + e.what() + ")");
     }
+  }
+  // [Note: stale dumps] A directory outlives a job (the default is beside --metrics, or
+  // ./flight-recorder): an earlier job's dump of a rank that this job's ranks did not overwrite
+  // would place that rank where it was then. Every dump of one job is written after all of that
+  // job's processes started, an earlier job's before.
+  const Dump* newest = nullptr;
+  for (const auto& d : out) {
+    if (!newest || d.written_unix_s > newest->written_unix_s) newest = &d;
+  }
+  if (newest && newest->process_started_unix_s > 0) {
+    const double since = newest->process_started_unix_s - kStaleSlack_s;
+    std::vector<Dump> current;
+    for (auto& d : out) {
+      if (d.written_unix_s > 0 && d.written_unix_s < since) {
+        if (problems) {
+          const auto before_s = static_cast<long long>(since + kStaleSlack_s - d.written_unix_s);
+          problems->push_back("rank " + std::to_string(d.rank) + "'s dump: from an earlier job (written " +
+                              std::to_string(before_s) + " s before the newest job's rank " +
+                              std::to_string(newest->rank) + " started), left out");
+        }
+      } else {
+        current.push_back(std::move(d));
+      }
+    }
+    out = std::move(current);
   }
   std::sort(out.begin(), out.end(), [](const Dump& a, const Dump& b) { return a.rank < b.rank; });
   return out;

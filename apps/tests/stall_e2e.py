@@ -6,7 +6,8 @@
       SIGSTOP (a rank that neither dies nor answers). Asserts: the job exits non-zero within
       timeout + 15 s of the stop (plus start-up slack), the output names the timed-out collective
       (number, op) and the stopped rank, and fsdp-diagnose on the flight-recorder dumps names the
-      stopped rank as the one that left no dump while the others wait in one collective.
+      stopped rank as the one that left no dump while the others wait in one collective (an
+      earlier job's dump of that rank, left in the directory first, is left out by both).
       Then a rank stalls inside a checkpoint save, and inside a resume's load (test-only
       FSDP_TRAIN_INJECT_STALL stops it as it enters the operation), rank 0 in one case and rank
       N-1 in the other: the job ends, each live rank's own error line names the operation and the
@@ -22,6 +23,7 @@
 Exit 0: pass; 77: skipped (no data / no launcher); anything else: fail.
 """
 import argparse
+import json
 import os
 import re
 import shutil
@@ -80,16 +82,38 @@ def rank_pids(marker):
     return out
 
 
-def run_diagnose(opts, fr_dir):
-    p = subprocess.run([opts.diagnose, fr_dir], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+def run_diagnose(opts, fr_dir, stale_rank=None):
+    """fsdp-diagnose's paragraph (stdout). stale_rank: the rank of leave_stale_dump's dump, which
+    its stderr must say it left out while the file is still there (a rank that runs again before
+    the job ends may write its own over it)."""
+    p = subprocess.run([opts.diagnose, fr_dir], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        timeout=30)
-    print("fsdp-diagnose:", p.stdout.strip())
+    print("fsdp-diagnose:", p.stdout.strip(), p.stderr.strip())
+    if stale_rank is not None:
+        with open(os.path.join(fr_dir, f"rank-{stale_rank:05d}.json")) as f:
+            still_stale = json.load(f).get("reason") == "an earlier job"
+        if still_stale and f"rank {stale_rank}'s dump: from an earlier job" not in p.stderr:
+            fail(f"fsdp-diagnose does not say it left out the earlier job's dump: {p.stderr}")
     return p.stdout
+
+
+def leave_stale_dump(fr_dir, rank):
+    """An earlier job's dump of `rank` in the directory, placing it in a collective it has long left:
+    the diagnosis of this job must leave it out ([Note: stale dumps])."""
+    os.makedirs(fr_dir, exist_ok=True)
+    hour_ago = time.time() - 3600
+    with open(os.path.join(fr_dir, f"rank-{rank:05d}.json"), "w") as f:
+        json.dump({"rank": rank, "world_size": rank + 1, "reason": "an earlier job",
+                   "process_started_unix_s": hour_ago - 60, "written_unix_s": hour_ago,
+                   "records": [{"group": "world", "seq": 3, "kind": "all_gather", "dtype": "float",
+                                "numel": 1, "bytes": 4, "unit": "stale", "phase": "forward",
+                                "state": "timed out", "error": "an earlier job's timeout"}]}, f)
 
 
 def test_stall(opts, n, tmp):
     fr_dir = os.path.join(tmp, "flight-recorder")
     metrics = os.path.join(tmp, "metrics.jsonl")
+    leave_stale_dump(fr_dir, n - 1)  # the rank this test stops, which then writes none of its own
     cmd = launch_prefix(n) + [opts.bin, "--data-dir", opts.data_dir, "--model", "nano", "--n-layer", "2", "--n-embd", "64",
            "--global-batch-size", "4", "--seq-len", "32", "--eval-every", "0", "--progress", "lines",
            "--steps", "100000", "--collective-timeout", str(TIMEOUT_S), "--flight-recorder-dir", fr_dir,
@@ -136,7 +160,7 @@ def test_stall(opts, n, tmp):
         for bad in ("terminate called", "Exception raised from", "Segmentation fault"):
             if bad in out:
                 fail(f"'{bad}' in the output:\n{out[-3000:]}")
-        diag = run_diagnose(opts, fr_dir)
+        diag = run_diagnose(opts, fr_dir, stale_rank=n - 1)
         # When mpirun ends the job it sends SIGCONT before SIGTERM, so the stopped rank may run long
         # enough to write its own dump; it then says it was suspended.
         # Or it wrote a dump while still inside a collective its peers had completed (stopped right

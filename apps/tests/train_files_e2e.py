@@ -96,6 +96,24 @@ def test_nonfinite_and_resume(opts, tmp):
         expect_error(run(["--steps", "3", "--resume", step1, flag, value], 2, opts), 2,
                      "says %s %s" % (flag, saved), "this run has %s" % value)
 
+    # The newest checkpoint's shard file is damaged (its manifest intact): --resume auto refuses,
+    # names what the user asked, and the older checkpoint that could be named instead.
+    ck3 = os.path.join(tmp, "ck3")
+    shutil.copytree(ck2, ck3)
+    shard = os.path.join(ck3, "step-000000003", "rank-00000-of-00002.bin")
+    with open(shard, "r+b") as f:
+        f.seek(os.path.getsize(shard) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    expect_error(run(["--steps", "4", "--save", ck3, "--resume", "auto"], 2, opts), 1, "--resume auto",
+                 "checksum mismatch", "name it explicitly, e.g. '%s'" % os.path.join(ck3, "step-000000002"))
+    # Its manifest gone as well, and no `latest`: refused as damage, never skipped for step 2.
+    os.remove(os.path.join(ck3, "step-000000003", "manifest.json"))
+    os.remove(os.path.join(ck3, "latest"))
+    expect_error(run(["--steps", "4", "--save", ck3, "--resume", "auto"], 2, opts), 1, "step-000000003",
+                 "shard files but no manifest.json", "name it explicitly, e.g. '%s'" % os.path.join(ck3, "step-000000002"))
+
     newest = os.path.join(ck2, "step-000000003")
     edit_manifest(newest, lambda j: j["tensors"]["model/wte.weight"]["shards"][0].update(chunk_rows=0))
     expect_error(run(["--steps", "3", "--resume", ck2], 2, opts), 1, "step-000000003",

@@ -113,11 +113,37 @@ Resumed resume(const TrainConfig& c, const models::ModelConfig& model_config,
   const std::string path = in_save ? c.save : c.resume;
   fsdp::checkpoint::TrainState st;
   const auto t0 = Clock::now();
-  const std::string what = in_save ? "--resume " + c.resume + " (the newest in --save " + c.save + ")"
+  const std::string asked = c.resume_asked.empty() ? c.resume : c.resume_asked;  // auto resolves to latest
+  const std::string what = in_save ? "--resume " + asked + " (the newest in --save " + c.save + ")"
                                    : "--resume " + path;
   r.path = checkpoint_call(what, [&] {
     maybe_stall("load", group->rank());
-    return fsdp::checkpoint::load_sharded(path, model, &optimizer, &st, group);
+    try {
+      return fsdp::checkpoint::load_sharded(path, model, &optimizer, &st, group);
+    } catch (const fsdp::Error& e) {
+      // [Note: no silent fallback] The newest checkpoint's files are damaged: the run stops, and
+      // says which older checkpoint an explicit --resume could take instead.
+      if (!in_save || e.kind() != fsdp::ErrorKind::kCorruptData) throw;
+      const std::string said = e.message();
+      if (said.find("name it explicitly") != std::string::npos ||
+          said.find("no other complete checkpoint") != std::string::npos) {
+        throw;  // resolving the directory refused, and named the older checkpoint itself
+      }
+      const std::vector<std::string> all = fsdp::checkpoint::list_checkpoints(c.save);
+      std::string newest;
+      try {
+        newest = fsdp::checkpoint::resolve_checkpoint(c.save);
+      } catch (const fsdp::Error&) {
+      }
+      std::string older;
+      for (const std::string& ck : all) {
+        if (std::filesystem::path(ck).filename() != std::filesystem::path(newest).filename()) older = ck;
+      }
+      throw fsdp::Error(e.kind(), e.where(),
+                        said + (older.empty() ? " (no other complete checkpoint in '" + c.save + "')"
+                                                     : "; to resume from an older checkpoint, name it explicitly, e.g. '" +
+                                                           older + "'"));
+    }
   });
   r.load_s = seconds_since(t0);
   for (const auto& [key, value] : model_settings(model_config)) {

@@ -37,8 +37,18 @@ auto in_op(const char* op, Fn&& fn) {
   }
 }
 
+// True when `dir` holds a rank's shard file (rank-*): the writing of a checkpoint reached it.
+bool has_rank_files(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().filename().string().rfind("rank-", 0) == 0) return true;
+  }
+  return false;
+}
+
 // The complete checkpoints of `dir`, oldest first (by seq); subdirectories that hold a
-// manifest.json that does not validate go to *bad with the reason, when bad is given.
+// manifest.json that does not validate, and published ones (not a save's temporary directory)
+// that hold shard files but no manifest.json, go to *bad with the reason, when bad is given.
 std::vector<std::string> scan_checkpoints(const std::string& dir,
                                           std::vector<std::pair<std::string, std::string>>* bad) {
   std::vector<std::pair<int64_t, std::string>> found;
@@ -47,7 +57,14 @@ std::vector<std::string> scan_checkpoints(const std::string& dir,
     const std::string name = e.path().filename().string();
     if (name.empty() || name[0] == '.' || !is_dir(e.path())) continue;
     const fs::path mpath = e.path() / kManifestFile;
-    if (!path_exists(mpath)) continue;
+    if (!path_exists(mpath)) {
+      // A save writes into a temporary directory and publishes it by a rename after its manifest
+      // is written and fsynced: a published directory of shards without one is damage.
+      if (bad && name.rfind(kTmpPrefix, 0) != 0 && has_rank_files(e.path())) {
+        bad->emplace_back(e.path().string(), str_cat("shard files but no ", kManifestFile));
+      }
+      continue;
+    }
     try {
       Manifest m = manifest_from_json(io::read_file(mpath.string()), mpath.string());
       found.emplace_back(m.seq, e.path().string());
@@ -79,12 +96,7 @@ std::string resolve_checkpoint(const std::string& path) {
       return path;
     }
     const std::string base = p.filename().string();
-    bool has_rank_files = false;
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(p, ec)) {
-      has_rank_files = has_rank_files || e.path().filename().string().rfind("rank-", 0) == 0;
-    }
-    FSDP_CHECK(!has_rank_files && base.rfind(kTmpPrefix, 0) != 0, ErrorKind::kCorruptData,
+    FSDP_CHECK(!has_rank_files(p) && base.rfind(kTmpPrefix, 0) != 0, ErrorKind::kCorruptData,
                kNoContext, "'", path, "' is an incomplete checkpoint: it has no ", kManifestFile,
                " (the save that wrote it was interrupted before publishing)");
     // [Note: no silent fallback] A published checkpoint always has a valid manifest (it is

@@ -3,12 +3,24 @@
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 namespace fsdp::comm {
+namespace {
+
+double unix_now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// When this process loaded fsdp-cpp (static initialisation, before main): a dump says it, so that a
+// reader can tell this job's dumps from an earlier job's left in the same directory.
+const double g_process_started_unix_s = unix_now_s();
+
+}  // namespace
 
 const char* to_string(OpState state) {
   switch (state) {
@@ -79,6 +91,8 @@ std::string FlightRecorder::dump(const std::string& dir, int rank, int world_siz
     j["world_size"] = world_size;
     j["reason"] = reason;
     j["time_s"] = now_s();
+    j["process_started_unix_s"] = g_process_started_unix_s;
+    j["written_unix_s"] = unix_now_s();
     j["records"] = nlohmann::json::array();
     for (const auto& r : records()) {
       j["records"].push_back({{"group", r.group}, {"seq", r.seq}, {"kind", to_string(r.kind)},

@@ -166,17 +166,23 @@ TEST(ManifestValidation, EditedFieldsAreRefusedBeforeAnyWrite) {
   EXPECT_TRUE(at::equal(local_rows(fresh), before));
 }
 
+// Two checkpoints of `m` in dir: step-000000001 and step-000000002 (`latest`).
+template <typename Dir, typename Model, typename Group>
+void save_steps_1_and_2(const Dir& dir, const Model& m, const Group& g) {
+  for (int s = 1; s <= 2; ++s) {
+    ckpt::TrainState st;
+    st.ints["step"] = s;
+    ckpt::save_sharded(dir.path, m, nullptr, st, g);
+  }
+}
+
 // The newest checkpoint's manifest is damaged: resolving the directory refuses (naming it, why,
 // and the older checkpoint that could be named instead), with `latest` and without it.
 TEST(ManifestValidation, DamagedLatestIsRefusedNotSkipped) {
   auto g = world();
   SharedDir dir("manifest-latest");
   auto m = sharded_mlp(4);
-  for (int s = 1; s <= 2; ++s) {
-    ckpt::TrainState st;
-    st.ints["step"] = s;
-    ckpt::save_sharded(dir.path, m, nullptr, st, g);
-  }
+  save_steps_1_and_2(dir, m, g);
   const std::string newest = dir.sub("step-000000002"), older = dir.sub("step-000000001");
   json bad = read_json(newest + "/manifest.json");
   g->barrier()->wait();  // every rank has read it before rank 0 edits it
@@ -196,5 +202,28 @@ TEST(ManifestValidation, DamagedLatestIsRefusedNotSkipped) {
     EXPECT_TRUE(l.threw && l.kind == fsdp::ErrorKind::kCorruptData) << l.what;
   }
   // Named explicitly, the older checkpoint loads.
+  EXPECT_EQ(ckpt::load_sharded(older, m, nullptr, nullptr, g), older);
+}
+
+// The same with the newest checkpoint's manifest gone (its shards still there) and no `latest`:
+// a published directory without a manifest is damage, refused, never skipped for the older one.
+TEST(ManifestValidation, PublishedCheckpointWithoutManifestIsRefusedNotSkipped) {
+  auto g = world();
+  SharedDir dir("manifest-gone");
+  auto m = sharded_mlp(4);
+  save_steps_1_and_2(dir, m, g);
+  const std::string newest = dir.sub("step-000000002"), older = dir.sub("step-000000001");
+  g->barrier()->wait();
+  if (g->rank() == 0) {
+    fs::remove(newest + "/manifest.json");
+    fs::remove(dir.sub("latest"));
+  }
+  g->barrier()->wait();
+  Outcome o = outcome_of([&] { ckpt::resolve_checkpoint(dir.path); });
+  EXPECT_TRUE(o.threw);
+  EXPECT_EQ(o.kind, fsdp::ErrorKind::kCorruptData);
+  EXPECT_NE(o.what.find(newest), std::string::npos) << o.what;
+  EXPECT_NE(o.what.find("shard files but no manifest.json"), std::string::npos) << o.what;
+  EXPECT_NE(o.what.find("name it explicitly, e.g. '" + older + "'"), std::string::npos) << o.what;
   EXPECT_EQ(ckpt::load_sharded(older, m, nullptr, nullptr, g), older);
 }
