@@ -18,6 +18,7 @@ Exit 0: pass; 77: skipped (no data / no torchrun / no mpirun); anything else: fa
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -77,7 +78,9 @@ def test_parity(opts, tmp):
     env = dict(os.environ, OMP_NUM_THREADS="1", RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                MASTER_PORT="29731")
     t0 = time.time()
-    p = subprocess.run(launch_prefix(2) + [opts.bin, "--data-dir", opts.data_dir] + TINY +
+    prefix = launch_prefix(2)
+    prefix.insert(1, "--tag-output")  # each piece a rank writes is tagged: an error line must be one piece
+    p = subprocess.run(prefix + [opts.bin, "--data-dir", opts.data_dir] + TINY +
                        ["--steps", "2", "--backend", "gloo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True, env=env, timeout=120)
     out = p.stdout + p.stderr
@@ -85,6 +88,10 @@ def test_parity(opts, tmp):
     check(p.returncode == 2 and "started by an MPI launcher" in out and "MPI_ABORT" not in out
           and "Exception raised from" not in out,
           "--backend gloo under mpirun with RANK and WORLD_SIZE set is refused (exit 2): %s" % out[-1500:])
+    errors = [l for l in p.stderr.splitlines() if "error:" in l]
+    check(len(errors) == 2 and all(re.match(r"\[1,(\d)\]<stderr>:fsdp-train \[rank \1\]: error: \[fsdp rank \1\] "
+                                            r"gloo rendezvous: .*launch with torchrun$", l) for l in errors),
+          "each rank's error line comes out whole, once: %r" % errors)
 
 
 def rank_pids(marker):

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <iostream>
 #include <optional>
 
 #include "fsdp/accounting/budget.h"
@@ -48,7 +49,10 @@
 int main(int argc, char** argv) {
   // Whole lines on stderr: an error line written piece by piece is interleaved with other ranks'
   // output (mpirun --tag-output tags every piece).
+  // std::cerr flushes after every << (unitbuf): off, so that its writes reach the line-buffered
+  // stderr and leave it a line at a time.
   std::setvbuf(stderr, nullptr, _IOLBF, 1 << 16);
+  std::cerr.unsetf(std::ios_base::unitbuf);
   std::string flight_recorder_dir, strategy;
   double agree_s = 30.0;
   try {

@@ -117,6 +117,9 @@ std::string resolve_checkpoint(const std::string& path) {
                  "' holds '", name, "', not the name of a checkpoint in '", path, "'", older);
       FSDP_CHECK(is_dir(cand), ErrorKind::kCorruptData, kNoContext, "'", (p / kLatestFile).string(),
                  "' names '", name, "', which does not exist", older);
+      // `latest` is written after the checkpoint it names was published: not an interrupted save.
+      FSDP_CHECK(path_exists(cand / kManifestFile), ErrorKind::kCorruptData, kNoContext, "the latest checkpoint '",
+                 cand.string(), "' cannot be loaded: shard files but no ", kManifestFile, older);
       try {
         read_manifest(cand.string());
       } catch (const Error& e) {

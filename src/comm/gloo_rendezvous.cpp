@@ -52,6 +52,8 @@ class RendezvousStore : public gloo::rendezvous::Store {
  public:
   /// True when `key` is set; returns at once.
   virtual bool has(const std::string& key) = 0;
+  /// Waits up to timeout for every key to be set; false when some are not by then. Logs nothing.
+  virtual bool wait_for(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
 };
 
 // Gloo's Store over c10d's TCPStore (the store torchrun's agent serves).
@@ -70,6 +72,16 @@ class TcpStoreAdapter final : public RendezvousStore {
     store_->wait(keys, timeout);
   }
   bool has(const std::string& key) override { return store_->check({key}); }
+  // c10d's wait with a timeout logs two warnings each time it times out: one check of all the keys
+  // (one request) every 100 ms instead.
+  bool wait_for(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      if (store_->check(keys)) return true;
+      if (std::chrono::steady_clock::now() >= end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
@@ -86,6 +98,14 @@ class CheckedFileStore final : public RendezvousStore {
     store_.wait(keys, timeout);
   }
   bool has(const std::string& key) override { return store_.check({key}); }
+  bool wait_for(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    try {
+      store_.wait(keys, timeout);
+      return true;
+    } catch (const std::exception&) {
+      return false;  // not all there by then
+    }
+  }
 
  private:
   struct Exposed : gloo::rendezvous::FileStore {
@@ -163,15 +183,15 @@ void join(RendezvousStore& store, const GlooRendezvous& rv) {
   double slice_s = first_notice_s(rv.connect_timeout_s);
   for (;;) {
     const double left_s = deadline - now_s();
-    try {
-      store.wait(keys, ms_of(std::max(0.001, std::min(slice_s, left_s))));
-      return;
-    } catch (const std::exception&) {
-      // not all there yet (or the store went away: the next wait or the connect says so)
-    }
     std::vector<int> missing;
-    for (int r = 0; r < rv.world_size; ++r) {
-      if (!store.has(keys[r])) missing.push_back(r);
+    try {
+      if (store.wait_for(keys, ms_of(std::max(0.001, std::min(slice_s, left_s))))) return;
+      for (int r = 0; r < rv.world_size; ++r) {
+        if (!store.has(keys[r])) missing.push_back(r);
+      }
+    } catch (const std::exception& e) {  // the store's server went away (rank 0 or the launcher ended)
+      throw Error(ErrorKind::kCollective, ErrorContext{rv.rank, "", "gloo rendezvous"},
+                  str_cat("lost the ", store_description(rv), " while waiting for the other ranks: ", message_of(e)));
     }
     if (missing.empty()) return;
     const double waited_s = now_s() - t0;

@@ -205,7 +205,8 @@ TEST(ManifestValidation, DamagedLatestIsRefusedNotSkipped) {
   EXPECT_EQ(ckpt::load_sharded(older, m, nullptr, nullptr, g), older);
 }
 
-// The same with the newest checkpoint's manifest gone (its shards still there) and no `latest`:
+// The same with the newest checkpoint's manifest gone (its shards still there), `latest` naming it
+// and then no `latest`:
 // a published directory without a manifest is damage, refused, never skipped for the older one.
 TEST(ManifestValidation, PublishedCheckpointWithoutManifestIsRefusedNotSkipped) {
   auto g = world();
@@ -214,16 +215,18 @@ TEST(ManifestValidation, PublishedCheckpointWithoutManifestIsRefusedNotSkipped) 
   save_steps_1_and_2(dir, m, g);
   const std::string newest = dir.sub("step-000000002"), older = dir.sub("step-000000001");
   g->barrier()->wait();
-  if (g->rank() == 0) {
-    fs::remove(newest + "/manifest.json");
-    fs::remove(dir.sub("latest"));
+  if (g->rank() == 0) fs::remove(newest + "/manifest.json");
+  for (bool with_latest : {true, false}) {
+    SCOPED_TRACE(with_latest ? "latest names it" : "no latest file");
+    if (!with_latest && g->rank() == 0) fs::remove(dir.sub("latest"));
+    g->barrier()->wait();
+    Outcome o = outcome_of([&] { ckpt::resolve_checkpoint(dir.path); });
+    EXPECT_TRUE(o.threw);
+    EXPECT_EQ(o.kind, fsdp::ErrorKind::kCorruptData);
+    EXPECT_NE(o.what.find(newest), std::string::npos) << o.what;
+    EXPECT_NE(o.what.find("shard files but no manifest.json"), std::string::npos) << o.what;
+    EXPECT_EQ(o.what.find("interrupted"), std::string::npos) << o.what;  // published: damage
+    EXPECT_NE(o.what.find("name it explicitly, e.g. '" + older + "'"), std::string::npos) << o.what;
   }
-  g->barrier()->wait();
-  Outcome o = outcome_of([&] { ckpt::resolve_checkpoint(dir.path); });
-  EXPECT_TRUE(o.threw);
-  EXPECT_EQ(o.kind, fsdp::ErrorKind::kCorruptData);
-  EXPECT_NE(o.what.find(newest), std::string::npos) << o.what;
-  EXPECT_NE(o.what.find("shard files but no manifest.json"), std::string::npos) << o.what;
-  EXPECT_NE(o.what.find("name it explicitly, e.g. '" + older + "'"), std::string::npos) << o.what;
   EXPECT_EQ(ckpt::load_sharded(older, m, nullptr, nullptr, g), older);
 }
