@@ -176,6 +176,26 @@ void save_steps_1_and_2(const Dir& dir, const Model& m, const Group& g) {
   }
 }
 
+// Resolving dir, with `latest` naming its damaged newest checkpoint and then with no `latest`,
+// refuses (kCorruptData) naming newest, `why`, and the older checkpoint to name instead; then
+// also_check(outcome) for the test's own assertions. Collective: every rank calls it.
+template <typename Dir, typename Group, typename Check>
+void expect_refused_with_and_without_latest(const Dir& dir, const Group& g, const std::string& newest,
+                                            const std::string& older, const std::string& why, Check&& also_check) {
+  for (bool with_latest : {true, false}) {
+    SCOPED_TRACE(with_latest ? "latest names the damaged one" : "no latest file");
+    if (!with_latest && g->rank() == 0) fs::remove(dir.sub("latest"));
+    g->barrier()->wait();
+    Outcome o = outcome_of([&] { ckpt::resolve_checkpoint(dir.path); });
+    EXPECT_TRUE(o.threw);
+    EXPECT_EQ(o.kind, fsdp::ErrorKind::kCorruptData);
+    EXPECT_NE(o.what.find(newest), std::string::npos) << o.what;
+    EXPECT_NE(o.what.find(why), std::string::npos) << o.what;
+    EXPECT_NE(o.what.find("name it explicitly, e.g. '" + older + "'"), std::string::npos) << o.what;
+    also_check(o);
+  }
+}
+
 // The newest checkpoint's manifest is damaged: resolving the directory refuses (naming it, why,
 // and the older checkpoint that could be named instead), with `latest` and without it.
 TEST(ManifestValidation, DamagedLatestIsRefusedNotSkipped) {
@@ -188,19 +208,10 @@ TEST(ManifestValidation, DamagedLatestIsRefusedNotSkipped) {
   g->barrier()->wait();  // every rank has read it before rank 0 edits it
   bad["tensors"]["model/fc1.weight"]["shards"][0]["chunk_rows"] = 0;
   write_json_on_rank0(newest + "/manifest.json", bad);
-  for (bool with_latest : {true, false}) {
-    SCOPED_TRACE(with_latest ? "latest names the damaged one" : "no latest file");
-    if (!with_latest && g->rank() == 0) fs::remove(dir.sub("latest"));
-    g->barrier()->wait();
-    Outcome o = outcome_of([&] { ckpt::resolve_checkpoint(dir.path); });
-    EXPECT_TRUE(o.threw);
-    EXPECT_EQ(o.kind, fsdp::ErrorKind::kCorruptData);
-    EXPECT_NE(o.what.find(newest), std::string::npos) << o.what;
-    EXPECT_NE(o.what.find("chunk_rows: expected >= 1, got 0"), std::string::npos) << o.what;
-    EXPECT_NE(o.what.find("name it explicitly, e.g. '" + older + "'"), std::string::npos) << o.what;
+  expect_refused_with_and_without_latest(dir, g, newest, older, "chunk_rows: expected >= 1, got 0", [&](const Outcome&) {
     Outcome l = outcome_of([&] { ckpt::load_sharded(dir.path, m, nullptr, nullptr, g); });
     EXPECT_TRUE(l.threw && l.kind == fsdp::ErrorKind::kCorruptData) << l.what;
-  }
+  });
   // Named explicitly, the older checkpoint loads.
   EXPECT_EQ(ckpt::load_sharded(older, m, nullptr, nullptr, g), older);
 }
@@ -216,17 +227,8 @@ TEST(ManifestValidation, PublishedCheckpointWithoutManifestIsRefusedNotSkipped) 
   const std::string newest = dir.sub("step-000000002"), older = dir.sub("step-000000001");
   g->barrier()->wait();
   if (g->rank() == 0) fs::remove(newest + "/manifest.json");
-  for (bool with_latest : {true, false}) {
-    SCOPED_TRACE(with_latest ? "latest names it" : "no latest file");
-    if (!with_latest && g->rank() == 0) fs::remove(dir.sub("latest"));
-    g->barrier()->wait();
-    Outcome o = outcome_of([&] { ckpt::resolve_checkpoint(dir.path); });
-    EXPECT_TRUE(o.threw);
-    EXPECT_EQ(o.kind, fsdp::ErrorKind::kCorruptData);
-    EXPECT_NE(o.what.find(newest), std::string::npos) << o.what;
-    EXPECT_NE(o.what.find("shard files but no manifest.json"), std::string::npos) << o.what;
+  expect_refused_with_and_without_latest(dir, g, newest, older, "shard files but no manifest.json", [](const Outcome& o) {
     EXPECT_EQ(o.what.find("interrupted"), std::string::npos) << o.what;  // published: damage
-    EXPECT_NE(o.what.find("name it explicitly, e.g. '" + older + "'"), std::string::npos) << o.what;
-  }
+  });
   EXPECT_EQ(ckpt::load_sharded(older, m, nullptr, nullptr, g), older);
 }
