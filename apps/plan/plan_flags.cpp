@@ -295,7 +295,7 @@ fp::PlanInputs resolve_inputs(const PlanFlags& f) {
     }
     in.profile.compute_efficiency = *f.compute_efficiency;
     // The user's own figure wins over the profile's published ones.
-    in.profile.achieved_efficiency_fp32 = in.profile.achieved_efficiency_bf16 = in.profile.achieved_efficiency_fp16 = 0;
+    in.profile.clear_achieved_efficiency();
   }
   if (f.nics_per_node) {
     if (in.profile.nics_per_node == 0) {

@@ -58,6 +58,16 @@ class Table {
   std::vector<std::vector<std::string>> rows_;
 };
 
+// Which published figure a width gets (profile.h EfficiencyCurve::at): its own, or the nearest
+// end's where the model is narrower or wider than the published runs.
+std::string published_width_text(const fp::EfficiencyCurve& c, int64_t n_embd) {
+  const int64_t lo = c.points.front().n_embd, hi = c.points.back().n_embd;
+  if (lo == 0) return "the profile's published figure";
+  if (n_embd < lo) return "the profile's published figure for width " + std::to_string(lo) + ", the narrowest it states";
+  if (n_embd > hi) return "the profile's published figure for width " + std::to_string(hi) + ", the widest it states";
+  return "the profile's published figure at width " + std::to_string(n_embd);
+}
+
 std::string split_line(const fp::Plan& p) {
   const fp::StepSetup& st = p.inputs.step;
   const fp::BytesPerParam& e = p.engine_split;
@@ -102,6 +112,17 @@ std::string format_plan(const fp::Plan& p) {
      << (st.activation_checkpointing ? ", activation checkpointing" : "")
      << (st.checkpoint_every > 1 ? " of every " + std::to_string(st.checkpoint_every) + "th block" : "") << "\n";
   os << "  profile " << in.profile.name << (in.profile.description.empty() ? "" : ": " + in.profile.description) << "\n";
+  if (const double peak = in.profile.peak_flops_per_s(st.precision);
+      peak > 0 && in.profile.model_flops_per_s(st.precision) <= 0) {
+    const double e = in.profile.efficiency(st.precision, m.arch.n_embd);
+    os << "  compute: " << fp::to_string(st.precision) << " matmuls at " << num(100 * e, "%.1f") << "% of the "
+       << num(peak / 1e12, "%.4g") << " TFLOP/s peak ("
+       << (in.profile.achieved_efficiency(st.precision).empty()
+               ? std::string(e < 1 ? "--compute-efficiency" : "the peak: no published figure for this precision")
+               : published_width_text(in.profile.achieved_efficiency(st.precision), m.arch.n_embd) +
+                     "; --compute-efficiency replaces it")
+       << ")\n";
+  }
   os << "  memory per rank " << b(static_cast<double>(p.memory_per_rank_bytes)) << ", usable "
      << b(static_cast<double>(p.usable_bytes)) << " (" << num(in.headroom * 100, "%.0f") << "% headroom); bytes of rank "
      << in.rank << "\n\n";

@@ -52,6 +52,7 @@ json strategy_json(const StrategyPlan& s) {
                   {"wire_bytes", s.traffic.wire_bytes()}};
   j["time"] = {{"flops", s.time.flops},
                {"compute_s", s.time.compute_s},
+               {"matmul_efficiency", s.time.matmul_efficiency},
                {"update_s", s.time.update_s},
                {"comm_s", s.time.comm_s},
                {"copy_s", s.time.copy_s},

@@ -57,16 +57,56 @@ double DeviceProfile::peak_flops_per_s(Precision p) const {
   return matmul_flops_per_s_fp32;
 }
 
-double DeviceProfile::efficiency(Precision p) const {
-  double achieved = achieved_efficiency_fp32;
-  if (p == Precision::kBf16) achieved = achieved_efficiency_bf16;
-  if (p == Precision::kFp16) achieved = achieved_efficiency_fp16;
-  return achieved > 0 ? achieved : compute_efficiency;
+double EfficiencyCurve::at(int64_t n_embd) const {
+  if (points.empty()) return 0.0;
+  if (points.size() == 1 || n_embd <= points.front().n_embd) return points.front().efficiency;
+  if (n_embd >= points.back().n_embd) return points.back().efficiency;
+  size_t i = 1;
+  while (points[i].n_embd < n_embd) ++i;
+  const EfficiencyPoint &a = points[i - 1], &b = points[i];
+  // 1/E = alpha + beta / C through both points (the form in the struct's comment).
+  const double xa = 1.0 / static_cast<double>(a.n_embd), xb = 1.0 / static_cast<double>(b.n_embd);
+  const double x = 1.0 / static_cast<double>(n_embd);
+  const double w = (x - xa) / (xb - xa);
+  return 1.0 / ((1.0 - w) / a.efficiency + w / b.efficiency);
 }
 
-double DeviceProfile::flops_per_s(Precision p) const {
+void EfficiencyCurve::validate(const std::string& what) const {
+  for (size_t i = 0; i < points.size(); ++i) {
+    const EfficiencyPoint& q = points[i];
+    FSDP_CHECK(q.efficiency >= kMinComputeEfficiency && q.efficiency <= 1.0, ErrorKind::kInvalidArgument,
+               profile_file::kWhere, what, ": an efficiency must be in [", kMinComputeEfficiency, ", 1], got ",
+               q.efficiency);
+    FSDP_CHECK(q.n_embd > 0 || points.size() == 1, ErrorKind::kInvalidArgument, profile_file::kWhere, what,
+               ": a figure for every width (n_embd 0) must be the only one; got ", points.size(), " points");
+    FSDP_CHECK(q.n_embd >= 0 && (i == 0 || q.n_embd > points[i - 1].n_embd), ErrorKind::kInvalidArgument,
+               profile_file::kWhere, what, ": widths (n_embd) must be positive and strictly ascending; got ",
+               q.n_embd, i > 0 ? " after " + std::to_string(points[i - 1].n_embd) : std::string());
+  }
+}
+
+const EfficiencyCurve& DeviceProfile::achieved_efficiency(Precision p) const {
+  if (p == Precision::kBf16) return achieved_efficiency_bf16;
+  if (p == Precision::kFp16) return achieved_efficiency_fp16;
+  return achieved_efficiency_fp32;
+}
+
+bool DeviceProfile::has_achieved_efficiency() const {
+  return !achieved_efficiency_fp32.empty() || !achieved_efficiency_bf16.empty() || !achieved_efficiency_fp16.empty();
+}
+
+void DeviceProfile::clear_achieved_efficiency() {
+  achieved_efficiency_fp32 = achieved_efficiency_bf16 = achieved_efficiency_fp16 = EfficiencyCurve{};
+}
+
+double DeviceProfile::efficiency(Precision p, int64_t n_embd) const {
+  const EfficiencyCurve& c = achieved_efficiency(p);
+  return c.empty() ? compute_efficiency : c.at(n_embd);
+}
+
+double DeviceProfile::flops_per_s(Precision p, int64_t n_embd) const {
   if (const double m = model_flops_per_s(p); m > 0) return m;
-  return peak_flops_per_s(p) * efficiency(p);
+  return peak_flops_per_s(p) * efficiency(p, n_embd);
 }
 
 bool DeviceProfile::has_measured_points() const {

@@ -44,15 +44,19 @@ DeviceProfile dgx(const std::string& name) {
         "NVIDIA DGX H100 datasheet: 8 x H100, 4 x NVSwitch, 8 x single-port ConnectX-7 VPI up to "
         "400 Gb/s InfiniBand (one per GPU: 50 GB/s per direction used here)",
         kNcclLatencySource,
-        "achieved efficiency bf16 (and fp16) 0.405: Llama 3 paper (Llama Team, 'The Llama 3 Herd of Models', "
-        "2024, table 4: 38-43% BF16 MFU training on 8,192-16,384 H100 GPUs; the midpoint)"};
+        "achieved efficiency bf16 (and fp16) by model width, 0.344 at C = 4096 and 0.466 at C = 8192: Team "
+        "PyTorch at IBM and at Meta, 'Maximizing training throughput using PyTorch FSDP' (pytorch.org blog, "
+        "2024), table 1: 7,500 / 1,550 / 800 tokens/s per GPU for Llama 2 7B / 34B / 70B on 96 H100 80GB, "
+        "800 Gb/s per node, 2 x 4096 tokens per GPU; the fraction of the peak that reproduces them "
+        "(docs/planner.md \"Profiles\")"};
     p.sources.push_back("NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: GPU memory bandwidth 3.35TB/s (the step "
                         "update's time: its bytes per element at this rate; the engine's copies at this rate)");
     hbm_bytes_per_s = 3.35e12;
     p.matmul_flops_per_s_fp32 = 67e12;
     p.matmul_flops_per_s_bf16 = 989.5e12;
     p.matmul_flops_per_s_fp16 = 989.5e12;
-    p.achieved_efficiency_bf16 = p.achieved_efficiency_fp16 = 0.405;
+    p.achieved_efficiency_bf16.points = {{4096, 0.344}, {8192, 0.466}};
+    p.achieved_efficiency_fp16 = p.achieved_efficiency_bf16;
     nvlink.bandwidth_bytes_per_s = 450e9;
     ib.bandwidth_bytes_per_s = 50e9;
   } else {
@@ -64,15 +68,19 @@ DeviceProfile dgx(const std::string& name) {
         "NVIDIA DGX A100 datasheet: 8 x A100 80GB, 6 x NVSwitch, 8 x single-port ConnectX-6 VPI "
         "200 Gb/s HDR InfiniBand (one per GPU: 25 GB/s per direction used here)",
         kNcclLatencySource,
-        "achieved efficiency bf16 (and fp16) 0.52: Narayanan et al., 'Efficient Large-Scale Language Model "
-        "Training on GPU Clusters Using Megatron-LM', SC 2021 (52% of the A100's peak, 163 TFLOP/s per GPU)"};
+        "achieved efficiency bf16 (and fp16) by model width, 0.533 at C = 4096 and 0.670 at C = 8192: Team "
+        "PyTorch at IBM and at Meta, 'Maximizing training throughput using PyTorch FSDP' (pytorch.org blog, "
+        "2024), table 1: 3,700 / 700 / 370 tokens/s per GPU for Llama 2 7B / 34B / 70B on 128 A100 80GB, "
+        "400 Gb/s per node, 2 x 4096 tokens per GPU; the fraction of the peak that reproduces them "
+        "(docs/planner.md \"Profiles\")"};
     p.sources.push_back("NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM: GPU memory bandwidth 2,039GB/s (the "
                         "step update's time: its bytes per element at this rate; the engine's copies at this rate)");
     hbm_bytes_per_s = 2.039e12;
     p.matmul_flops_per_s_fp32 = 19.5e12;
     p.matmul_flops_per_s_bf16 = 312e12;
     p.matmul_flops_per_s_fp16 = 312e12;
-    p.achieved_efficiency_bf16 = p.achieved_efficiency_fp16 = 0.52;
+    p.achieved_efficiency_bf16.points = {{4096, 0.533}, {8192, 0.670}};
+    p.achieved_efficiency_fp16 = p.achieved_efficiency_bf16;
     nvlink.bandwidth_bytes_per_s = 300e9;
     ib.bandwidth_bytes_per_s = 25e9;
   }

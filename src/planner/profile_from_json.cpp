@@ -117,6 +117,30 @@ json parse_profile_text(const std::string& text) {
   }
 }
 
+// One precision's achieved efficiency: a number (0: none; else one figure for every width) or an
+// array of {"n_embd": C, "efficiency": E} objects, C ascending (profile.h EfficiencyCurve).
+EfficiencyCurve efficiency_curve_from(const json& v, const std::string& where) {
+  EfficiencyCurve c;
+  if (v.is_number()) {
+    const double e = v.get<double>();
+    require(e == 0.0 || (e >= kMinComputeEfficiency && e <= 1.0), where, " must be 0 (none) or in [",
+            kMinComputeEfficiency, ", 1], got ", shortened(v));
+    if (e > 0) c.points.push_back({0, e});
+    return c;
+  }
+  require(v.is_array() && !v.empty(), where,
+          " must be a number or a non-empty array of {\"n_embd\": width, \"efficiency\": fraction}, got ",
+          shortened(v));
+  for (const json& q : v) {
+    require(q.is_object(), where, " entries must be {\"n_embd\": width, \"efficiency\": fraction}, got ", shortened(q));
+    only_known_keys(q, where, {"n_embd", "efficiency"});
+    c.points.push_back({whole_in_range(q, "n_embd", where, 1, int64_t{1} << 30, "[1, 2^30]"),
+                        typed<double>(q, "efficiency", where)});
+  }
+  c.validate(where);
+  return c;
+}
+
 // name .. ranks_per_node, the matmul and model rates, compute_efficiency.
 void read_machine(const json& j, DeviceProfile& p) {
   p.name = typed<std::string>(j, "name", "");
@@ -134,20 +158,15 @@ void read_machine(const json& j, DeviceProfile& p) {
   p.compute_efficiency = j.contains("compute_efficiency")
                              ? number_in_range(j, "compute_efficiency", "", kMinComputeEfficiency, 1.0)
                              : 1.0;
-  if (j.contains("achieved_efficiency")) {  // optional: none published (0)
+  if (j.contains("achieved_efficiency")) {  // optional: none published
     const json& a = typed<json>(j, "achieved_efficiency", "");
     only_known_keys(a, "achieved_efficiency", {"fp32", "bf16", "fp16"});
-    double* figures[] = {&p.achieved_efficiency_fp32, &p.achieved_efficiency_bf16, &p.achieved_efficiency_fp16};
+    EfficiencyCurve* curves[] = {&p.achieved_efficiency_fp32, &p.achieved_efficiency_bf16, &p.achieved_efficiency_fp16};
     const char* keys[] = {"fp32", "bf16", "fp16"};
     for (int k = 0; k < 3; ++k) {
-      if (!a.contains(keys[k])) continue;
-      const double v = typed<double>(a, keys[k], "achieved_efficiency");
-      require(v == 0.0 || (v >= kMinComputeEfficiency && v <= 1.0), "achieved_efficiency.", keys[k],
-              " must be 0 (none) or in [", kMinComputeEfficiency, ", 1], got ", shortened(a.at(keys[k])));
-      *figures[k] = v;
+      if (a.contains(keys[k])) *curves[k] = efficiency_curve_from(a.at(keys[k]), std::string("achieved_efficiency.") + keys[k]);
     }
-    const bool any = p.achieved_efficiency_fp32 > 0 || p.achieved_efficiency_bf16 > 0 || p.achieved_efficiency_fp16 > 0;
-    require(!any || p.compute_efficiency == 1.0,
+    require(!p.has_achieved_efficiency() || p.compute_efficiency == 1.0,
             "achieved_efficiency and a compute_efficiency below 1 are two figures for one rate: keep one (got "
             "compute_efficiency ",
             p.compute_efficiency, ")");

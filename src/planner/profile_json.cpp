@@ -34,10 +34,18 @@ std::string profile_to_json(const DeviceProfile& p) {
   j["compute_efficiency"] = p.compute_efficiency;
   // Optional keys, written only where they hold something: a profile without them stays readable by
   // readers that predate them.
-  if (p.achieved_efficiency_fp32 > 0 || p.achieved_efficiency_bf16 > 0 || p.achieved_efficiency_fp16 > 0) {
-    j["achieved_efficiency"] = {{"fp32", p.achieved_efficiency_fp32},
-                                {"bf16", p.achieved_efficiency_bf16},
-                                {"fp16", p.achieved_efficiency_fp16}};
+  if (p.has_achieved_efficiency()) {
+    // A figure for every width as a number (what readers before the curves read), else the points.
+    auto curve = [](const EfficiencyCurve& c) -> json {
+      if (c.empty()) return 0.0;
+      if (c.points.size() == 1 && c.points.front().n_embd == 0) return c.points.front().efficiency;
+      json a = json::array();
+      for (const EfficiencyPoint& q : c.points) a.push_back({{"n_embd", q.n_embd}, {"efficiency", q.efficiency}});
+      return a;
+    };
+    j["achieved_efficiency"] = {{"fp32", curve(p.achieved_efficiency_fp32)},
+                                {"bf16", curve(p.achieved_efficiency_bf16)},
+                                {"fp16", curve(p.achieved_efficiency_fp16)}};
   }
   if (p.nics_per_node > 0) {
     j["network"] = {{"nics_per_node", p.nics_per_node}, {"base_latency_s", p.collective_base_latency_s}};

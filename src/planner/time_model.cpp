@@ -78,7 +78,7 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
                             const DeviceProfile& profile) {
   par.validate();
   setup.validate();
-  const double rate = profile.flops_per_s(setup.precision);
+  const double rate = profile.flops_per_s(setup.precision, model.arch.n_embd);
   FSDP_CHECK(rate > 0, ErrorKind::kInvalidArgument, kTimeModelWhere, "profile '", profile.name, "' has no matmul rate for ",
              to_string(setup.precision));
   const S s = par.strategy;
@@ -263,6 +263,9 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   StepTime r;
   r.flops = step_flops(model, setup);
   r.compute_s = r.flops / rate;
+  if (profile.model_flops_per_s(setup.precision) <= 0) {
+    r.matmul_efficiency = profile.efficiency(setup.precision, model.arch.n_embd);
+  }
   r.update_s = update_s;
   r.copy_s = copied_s;
   for (const auto& c : step_traffic(model, par, setup).calls) {

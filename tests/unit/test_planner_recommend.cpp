@@ -374,7 +374,8 @@ TEST(PlannerProfile, APrecisionWithoutARateIsRefusedOrNoted) {
   EXPECT_NE(fp16.notes[0].find("without a model rate for fp16"), std::string::npos) << fp16.notes[0];
   EXPECT_DOUBLE_EQ(fp16.strategies[0].time.compute_s,
                    fp::step_flops(micro, in.step) /
-                       (in.profile.matmul_flops_per_s_fp16 * in.profile.efficiency(fp::Precision::kFp16)));
+                       (in.profile.matmul_flops_per_s_fp16 *
+                        in.profile.efficiency(fp::Precision::kFp16, micro.arch.n_embd)));
   in.step.precision = fp::Precision::kBf16;
   EXPECT_TRUE(fp::make_plan(in).notes.empty());
 }
@@ -708,7 +709,7 @@ TEST(PlannerProfile, UnknownKeysAreRejectedAtEveryLevelAndEachNumberHasOneRange)
   p.fits.assign(3, fp::CalibrationFit{1e-5, 1e-9, {{4096, 1e-4}, {1 << 20, 1e-3}}});
   p.step_update_points_adamw = {{1024, 1e-5}, {1 << 20, 1e-3}};
   p.model_flops_per_s_fp32 = 5e10;
-  p.achieved_efficiency_bf16 = p.achieved_efficiency_fp16 = 0;  // as calibrated: no published figure
+  p.clear_achieved_efficiency();  // as calibrated: no published figure
   const nlohmann::json good = nlohmann::json::parse(fp::profile_to_json(p));
   ASSERT_EQ(message(good), "accepted");
   // A misspelt key at each level is named with the level and the keys it may hold.

@@ -83,6 +83,33 @@ struct UpdatePoint {
 /// (a step at 1% of the matmul peak; below it a typo, such as 0.001 for 0.1, is likelier).
 inline constexpr double kMinComputeEfficiency = 0.01;
 
+/// One published achieved-efficiency figure: the fraction of a GPU's matmul peak that training a
+/// dense transformer of width `n_embd` reached, in the planner's hardware FLOPs (time_model.h
+/// step_flops: recompute included, causal attention).
+struct EfficiencyPoint {
+  int64_t n_embd = 0;       ///< model width C of the measurement; 0: one figure for every width
+  double efficiency = 0.0;  ///< in [kMinComputeEfficiency, 1]
+};
+
+/// A GPU's achieved efficiency by model width, for one precision. Published FSDP training of Llama
+/// shapes reaches more of the peak the wider the model (A100: 0.53 of it at C = 4096, 0.67 at
+/// C = 8192; docs/planner.md "Profiles"): a step's matmuls grow as C^2 per token and layer, the
+/// work that does not run at the matmul rate (norms, activations, rotary, softmax, kernel
+/// boundaries) as C, so time per hardware FLOP is a + b / C. Empty: none published. One point with
+/// n_embd 0: that figure at every width. Otherwise points with n_embd > 0, strictly ascending:
+/// 1/efficiency linear in 1/C between the two points around C, the nearest end point's figure
+/// outside them (no extrapolation past what was measured).
+struct EfficiencyCurve {
+  std::vector<EfficiencyPoint> points;
+  bool empty() const { return points.empty(); }
+  /// The efficiency at width `n_embd` (> 0); 0 when empty.
+  double at(int64_t n_embd) const;
+  /// Throws fsdp::Error (kInvalidArgument) naming `what` for an efficiency outside
+  /// [kMinComputeEfficiency, 1], a width-free point beside others, or widths not positive and
+  /// strictly ascending.
+  void validate(const std::string& what) const;
+};
+
 /// A machine as the time model sees it, per rank.
 struct DeviceProfile {
   std::string name;         ///< "h100", "a100", or the calibrated machine's name
@@ -98,14 +125,14 @@ struct DeviceProfile {
   /// lower bound. Not applied to model_flops_per_s.
   double compute_efficiency = 1.0;
   /// Datasheet profiles: the fraction of the matmul peak that published dense-transformer training
-  /// reaches on this GPU, per precision (its source in `sources`); 0: none published (the precision
-  /// then runs at matmul rate x compute_efficiency). Each nonzero figure in [kMinComputeEfficiency, 1].
-  /// A profile holds either these or a compute_efficiency below 1, never both (profile_from_json
-  /// refuses the mix); fsdp-plan's --compute-efficiency clears them (the user's figure wins).
-  /// Not applied to model_flops_per_s.
-  double achieved_efficiency_fp32 = 0.0;
-  double achieved_efficiency_bf16 = 0.0;
-  double achieved_efficiency_fp16 = 0.0;
+  /// reaches on this GPU, per precision and by model width (its source in `sources`); empty: none
+  /// published (the precision then runs at matmul rate x compute_efficiency). A profile holds
+  /// either these or a compute_efficiency below 1, never both (profile_from_json refuses the mix);
+  /// fsdp-plan's --compute-efficiency clears them (the user's figure wins). Not applied to
+  /// model_flops_per_s.
+  EfficiencyCurve achieved_efficiency_fp32;
+  EfficiencyCurve achieved_efficiency_bf16;
+  EfficiencyCurve achieved_efficiency_fp16;
   /// Calibrated profiles: the FLOP rate a whole training forward + backward of the calibrated model
   /// reached per rank (its matmul FLOPs, time_model.h `unit_flops`, over the measured seconds: the
   /// norms, activations, attention softmax and the loss included). 0: not measured (the time model
@@ -168,13 +195,20 @@ struct DeviceProfile {
   int64_t calibration_seq_len = 0;
   std::vector<CalibrationFit> fits;
 
-  /// The rate a step's FLOPs run at for a precision: the measured model rate when there is one,
-  /// else the matmul rate times compute_efficiency; 0 when the profile has neither for `p` (the
-  /// time model then refuses to plan that precision).
-  double flops_per_s(Precision p) const;
-  /// The fraction of the matmul peak a step reaches for `p` where no model rate is measured:
-  /// achieved_efficiency_* when nonzero, else compute_efficiency.
-  double efficiency(Precision p) const;
+  /// The rate a step's FLOPs run at for a precision and a model of width `n_embd`: the measured
+  /// model rate when there is one, else the matmul rate times efficiency(p, n_embd); 0 when the
+  /// profile has neither for `p` (the time model then refuses to plan that precision).
+  double flops_per_s(Precision p, int64_t n_embd) const;
+  /// The fraction of the matmul peak a step of a model of width `n_embd` reaches for `p` where no
+  /// model rate is measured: the achieved_efficiency curve's figure at n_embd when the profile has
+  /// one for `p`, else compute_efficiency.
+  double efficiency(Precision p, int64_t n_embd) const;
+  /// achieved_efficiency_* of a precision.
+  const EfficiencyCurve& achieved_efficiency(Precision p) const;
+  /// Whether any precision has an achieved_efficiency curve.
+  bool has_achieved_efficiency() const;
+  /// Clears every achieved_efficiency curve (a user's --compute-efficiency replaces them).
+  void clear_achieved_efficiency();
   /// The matmul peak of a precision (matmul_flops_per_s_*; fp16 0: none): the denominator of
   /// MFU and HFU.
   double peak_flops_per_s(Precision p) const;

@@ -68,6 +68,10 @@ struct StepTime {
   double flops = 0.0;           ///< per rank per step: hardware FLOPs (step_flops, recompute included)
   double model_flops = 0.0;     ///< per rank per step: model FLOPs (model_step_flops, no recompute)
   double compute_s = 0.0;       ///< flops / profile rate for the precision
+  /// The fraction of the precision's matmul peak compute_s is priced at (profile.h
+  /// DeviceProfile::efficiency at the model's width); 0 where the profile's measured model rate
+  /// was used instead.
+  double matmul_efficiency = 0.0;
   double update_s = 0.0;        ///< the step update: sum over this rank's trainable shards of step_update_tensor_s
   double comm_s = 0.0;          ///< sum of every collective's modeled time alone (x shared_core_factor where
                                 ///< communication shares the cores and compute fits them; neither factor where
