@@ -137,8 +137,9 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
                  "Share of the memory per rank kept free: a strategy fits when its peak <= (1 - headroom) x memory")
       ->check(CLI::Range(0.0, 0.99))->group("Machine");
   app.add_option("--compute-efficiency", f.compute_efficiency,
-                 "Fraction of the profile's matmul rates a step reaches (default: the profile's; h100 and a100: "
-                 "published training MFU for bf16/fp16, 1 for fp32)")
+                 "Fraction of the profile's matmul peak a step's hardware FLOPs (recompute included) reach "
+                 "(default: the profile's; h100 and a100: the published training efficiency at the model's "
+                 "width for bf16/fp16, docs/planner.md \"Profiles\"; 1 for fp32)")
       ->check(CLI::Range(fp::kMinComputeEfficiency, 1.0))->group("Machine");
   app.add_option("--nics-per-node", f.nics_per_node,
                  "Network adapters per node for collectives across nodes (default: the profile's; h100 and a100: 8)")
@@ -288,14 +289,20 @@ fp::PlanInputs resolve_inputs(const PlanFlags& f) {
   }
   in.profile = fp::load_profile(f.profile);
   if (f.compute_efficiency) {
+    if (!std::isfinite(*f.compute_efficiency)) {  // CLI11's range check lets nan through
+      throw UsageError("--compute-efficiency must be a number in [" + fsdp::str_cat(fp::kMinComputeEfficiency) +
+                       ", 1], got " + fsdp::str_cat(*f.compute_efficiency));
+    }
     if (in.profile.model_flops_per_s(st.precision) > 0) {
       throw UsageError("--compute-efficiency scales a profile's matmul peak; profile '" + in.profile.name +
                        "' has a measured " + fp::to_string(st.precision) +
                        " model rate (from --calibrate), which is already what a step reaches");
     }
     in.profile.compute_efficiency = *f.compute_efficiency;
-    // The user's own figure wins over the profile's published ones.
+    // The user's own figure wins over the profile's published ones, and the profile says so.
     in.profile.clear_achieved_efficiency();
+    in.profile.sources.push_back("compute efficiency " + std::to_string(*f.compute_efficiency) +
+                                 ": --compute-efficiency (replaces any achieved efficiency cited above)");
   }
   if (f.nics_per_node) {
     if (in.profile.nics_per_node == 0) {

@@ -58,14 +58,59 @@ class Table {
   std::vector<std::vector<std::string>> rows_;
 };
 
-// Which published figure a width gets (profile.h EfficiencyCurve::at): its own, or the nearest
-// end's where the model is narrower or wider than the published runs.
-std::string published_width_text(const fp::EfficiencyCurve& c, int64_t n_embd) {
-  const int64_t lo = c.points.front().n_embd, hi = c.points.back().n_embd;
-  if (lo == 0) return "the profile's published figure";
-  if (n_embd < lo) return "the profile's published figure for width " + std::to_string(lo) + ", the narrowest it states";
-  if (n_embd > hi) return "the profile's published figure for width " + std::to_string(hi) + ", the widest it states";
-  return "the profile's published figure at width " + std::to_string(n_embd);
+// 2nd, 3rd, 4th, 11th, 21st, ...
+std::string ordinal(int64_t k) {
+  const int64_t last = k % 10, tens = k % 100;
+  const char* suffix = (tens >= 11 && tens <= 13) ? "th" : last == 1 ? "st" : last == 2 ? "nd" : last == 3 ? "rd" : "th";
+  return std::to_string(k) + suffix;
+}
+
+// Which rate a step's compute is priced at and where it comes from (profile.h
+// DeviceProfile::flops_per_s): the measured model rate, the user's --compute-efficiency, the
+// profile's achieved-efficiency figure for the model's width (its own point, between two, or the
+// nearest end's), the profile's compute_efficiency, or the bare peak.
+std::string compute_line(const fp::DeviceProfile& prof, fp::Precision pr, int64_t n_embd, bool compute_efficiency_given) {
+  const std::string lp = fp::to_string(pr);
+  if (const double measured = prof.model_flops_per_s(pr); measured > 0) {
+    return lp + " at the profile's measured model rate, " + num(measured / 1e12, "%.4g") +
+           " TFLOP/s per rank (a training pass measured by --calibrate)";
+  }
+  const double peak = prof.peak_flops_per_s(pr);
+  if (peak <= 0) return "no " + lp + " rate in the profile";
+  const double e = prof.efficiency(pr, n_embd);
+  std::string why;
+  const fp::EfficiencyCurve& c = prof.achieved_efficiency(pr);
+  if (compute_efficiency_given) {
+    why = "--compute-efficiency";
+  } else if (!c.empty()) {
+    const auto& pts = c.points;
+    const int64_t lo = pts.front().n_embd, hi = pts.back().n_embd;
+    const std::string width = ", this model's " + std::to_string(n_embd);
+    if (lo == 0) {
+      why = "the profile's achieved efficiency";
+    } else if (n_embd <= 0) {
+      why = "model width unknown: the profile's achieved efficiency for width " + std::to_string(lo) +
+            ", the narrowest it states";
+    } else if (n_embd < lo) {
+      why = "the profile's achieved efficiency for width " + std::to_string(lo) + ", the narrowest it states" + width;
+    } else if (n_embd > hi) {
+      why = "the profile's achieved efficiency for width " + std::to_string(hi) + ", the widest it states" + width;
+    } else {
+      size_t i = 0;
+      while (pts[i].n_embd < n_embd) ++i;
+      why = pts[i].n_embd == n_embd
+                ? "the profile's achieved efficiency for width " + std::to_string(n_embd)
+                : "width " + std::to_string(n_embd) + ", between the profile's achieved efficiencies for widths " +
+                      std::to_string(pts[i - 1].n_embd) + " and " + std::to_string(pts[i].n_embd);
+    }
+    why += "; --compute-efficiency replaces it";
+  } else if (prof.compute_efficiency < 1) {
+    why = "the profile's compute_efficiency";
+  } else {
+    why = "the peak: the profile states no efficiency for " + lp;
+  }
+  return lp + " matmuls at " + num(100 * e, "%.1f") + "% of the " + num(peak / 1e12, "%.4g") + " TFLOP/s peak (" +
+         why + ")";
 }
 
 std::string split_line(const fp::Plan& p) {
@@ -92,7 +137,7 @@ std::string split_line(const fp::Plan& p) {
 
 }  // namespace
 
-std::string format_plan(const fp::Plan& p) {
+std::string format_plan(const fp::Plan& p, bool compute_efficiency_given) {
   const fp::PlanInputs& in = p.inputs;
   const fp::ModelSpec& m = in.model;
   const fp::StepSetup& st = in.step;
@@ -110,19 +155,9 @@ std::string format_plan(const fp::Plan& p) {
      << st.accumulation_steps << " (global batch " << N * st.accumulation_steps * st.micro_batch_size
      << " sequences, " << count(N * st.accumulation_steps * st.micro_batch_size * st.seq_len) << " tokens/step)"
      << (st.activation_checkpointing ? ", activation checkpointing" : "")
-     << (st.checkpoint_every > 1 ? " of every " + std::to_string(st.checkpoint_every) + "th block" : "") << "\n";
+     << (st.checkpoint_every > 1 ? " of every " + ordinal(st.checkpoint_every) + " block" : "") << "\n";
   os << "  profile " << in.profile.name << (in.profile.description.empty() ? "" : ": " + in.profile.description) << "\n";
-  if (const double peak = in.profile.peak_flops_per_s(st.precision);
-      peak > 0 && in.profile.model_flops_per_s(st.precision) <= 0) {
-    const double e = in.profile.efficiency(st.precision, m.arch.n_embd);
-    os << "  compute: " << fp::to_string(st.precision) << " matmuls at " << num(100 * e, "%.1f") << "% of the "
-       << num(peak / 1e12, "%.4g") << " TFLOP/s peak ("
-       << (in.profile.achieved_efficiency(st.precision).empty()
-               ? std::string(e < 1 ? "--compute-efficiency" : "the peak: no published figure for this precision")
-               : published_width_text(in.profile.achieved_efficiency(st.precision), m.arch.n_embd) +
-                     "; --compute-efficiency replaces it")
-       << ")\n";
-  }
+  os << "  compute: " << compute_line(in.profile, st.precision, m.arch.n_embd, compute_efficiency_given) << "\n";
   os << "  memory per rank " << b(static_cast<double>(p.memory_per_rank_bytes)) << ", usable "
      << b(static_cast<double>(p.usable_bytes)) << " (" << num(in.headroom * 100, "%.0f") << "% headroom); bytes of rank "
      << in.rank << "\n\n";

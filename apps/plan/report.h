@@ -8,7 +8,8 @@
 
 namespace apps::plan {
 
-/// The tables of `plan`, ready to print (ends with a newline).
-std::string format_plan(const fsdp::planner::Plan& plan);
+/// The tables of `plan`, ready to print (ends with a newline). `compute_efficiency_given`: the
+/// user's --compute-efficiency set the profile's efficiency (the header's compute line says so).
+std::string format_plan(const fsdp::planner::Plan& plan, bool compute_efficiency_given = false);
 
 }  // namespace apps::plan

@@ -100,8 +100,20 @@ def llama3_8b_on_h100s(bin_path):
         check(0 < t["mfu"] < t["hfu"] < 0.344, f"N = {n}: MFU {t['mfu']} < HFU {t['hfu']} < 0.344")
         check(abs(t["hfu"] / t["mfu"] - t["flops"] / t["model_flops"]) < 1e-9, f"N = {n}: HFU / MFU = recompute ratio")
     text = plan(bin_path, *args[:-1], "--world-size", "8").stdout
-    check("compute: bf16 matmuls at 34.4% of the 989.5 TFLOP/s peak (the profile's published figure at width 4096"
-          in text, "the report names the figure it used")
+    check("compute: bf16 matmuls at 34.4% of the 989.5 TFLOP/s peak (the profile's achieved efficiency for width 4096;"
+          in text, f"the report names the figure it used: {text[:600]!r}")
+    check("activation checkpointing\n" in text, "every block recomputed")
+    every2 = plan(bin_path, *args[:-1], "--world-size", "8", "--checkpoint-every", "2").stdout
+    check("activation checkpointing of every 2nd block" in every2, "the header's ordinal")
+    given = plan(bin_path, *args[:-1], "--world-size", "8", "--compute-efficiency", "1").stdout
+    check("compute: bf16 matmuls at 100.0% of the 989.5 TFLOP/s peak (--compute-efficiency)" in given,
+          "the user's figure is named as the user's, 1 included")
+    between = plan(bin_path, "--model", "llama2-13b", "--world-size", "64", "--mixed-precision", "bf16", "--profile",
+                   "a100").stdout
+    check("at 58.0% of the 312 TFLOP/s peak (width 5120, between the profile's achieved efficiencies for widths 4096 "
+          "and 8192" in between, "an interpolated figure is called one")
+    p = plan(bin_path, *args[:-1], "--world-size", "8", "--compute-efficiency", "nan", expect_rc=2)
+    check("--compute-efficiency must be a number in [0.01, 1], got nan" in p.stderr, f"nan refused: {p.stderr!r}")
     full = json.loads(plan(bin_path, *args, "--world-size", "8", "--compute-efficiency", "1").stdout)
     check(full["strategies"][0]["time"]["matmul_efficiency"] == 1.0 and full["strategies"][0]["time"]["hfu"] > 0.344,
           "--compute-efficiency 1 replaces the published figure")
@@ -197,6 +209,10 @@ def calibrate(bin_path, tmp):
     st = doc["strategies"][0]["time"]
     check(abs(st["compute_s"] - st["flops"] / mf["fp32"]) <= 1e-9 * st["compute_s"],
           "compute time = FLOPs / the measured model rate")
+    check(st["matmul_efficiency"] == 0.0, "a measured model rate: no efficiency applied")
+    text = plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", out).stdout
+    check("compute: fp32 at the profile's measured model rate" in text, f"the compute line names the measured rate: "
+          f"{[l for l in text.splitlines() if 'compute:' in l]}")
     # --compute-efficiency scales a datasheet peak, not a measured step.
     p = plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", out, "--compute-efficiency", "0.5",
              expect_rc=2)

@@ -25,6 +25,12 @@ const json& required(const json& obj, const char* key, const std::string& where)
   return obj.at(key);
 }
 
+const json& object_field(const json& obj, const char* key, const std::string& where) {
+  const json& v = required(obj, key, where);
+  if (!v.is_object()) throw FieldError(path_of(where, key) + " must be a JSON object, got " + shortened(v));
+  return v;
+}
+
 void only_known_keys(const json& obj, const std::string& where, std::initializer_list<const char*> known) {
   if (!obj.is_object()) return;
   for (const auto& item : obj.items()) {

@@ -41,6 +41,11 @@ std::string object_name(const std::string& where);
 /// "<where> must be a JSON object, got <type>" or "<where> has no field '<key>'".
 const json& required(const json& obj, const char* key, const std::string& where);
 
+/// obj[key] (required), which must itself be a JSON object. Throws FieldError "<path> must be a
+/// JSON object, got <value>" (a number where an object of optional fields belongs would otherwise
+/// read as an object without them), or required's errors.
+const json& object_field(const json& obj, const char* key, const std::string& where);
+
 /// What a typed field must be, as a message says it: "true or false", "a number", "a string", ...
 template <typename T>
 constexpr const char* expected_type() {

@@ -71,18 +71,27 @@ double EfficiencyCurve::at(int64_t n_embd) const {
   return 1.0 / ((1.0 - w) / a.efficiency + w / b.efficiency);
 }
 
-void EfficiencyCurve::validate(const std::string& what) const {
+std::string EfficiencyCurve::problem() const {
   for (size_t i = 0; i < points.size(); ++i) {
     const EfficiencyPoint& q = points[i];
-    FSDP_CHECK(q.efficiency >= kMinComputeEfficiency && q.efficiency <= 1.0, ErrorKind::kInvalidArgument,
-               profile_file::kWhere, what, ": an efficiency must be in [", kMinComputeEfficiency, ", 1], got ",
-               q.efficiency);
-    FSDP_CHECK(q.n_embd > 0 || points.size() == 1, ErrorKind::kInvalidArgument, profile_file::kWhere, what,
-               ": a figure for every width (n_embd 0) must be the only one; got ", points.size(), " points");
-    FSDP_CHECK(q.n_embd >= 0 && (i == 0 || q.n_embd > points[i - 1].n_embd), ErrorKind::kInvalidArgument,
-               profile_file::kWhere, what, ": widths (n_embd) must be positive and strictly ascending; got ",
-               q.n_embd, i > 0 ? " after " + std::to_string(points[i - 1].n_embd) : std::string());
+    const std::string at = "[" + std::to_string(i) + "]: ";
+    if (!(q.efficiency >= kMinComputeEfficiency && q.efficiency <= 1.0)) {
+      return str_cat(at, "an efficiency must be in [", kMinComputeEfficiency, ", 1], got ", q.efficiency);
+    }
+    if (q.n_embd == 0 && points.size() > 1) {
+      return str_cat(at, "a figure for every width (n_embd 0) must be the only one; got ", points.size(), " points");
+    }
+    if (q.n_embd < 0 || (i > 0 && q.n_embd <= points[i - 1].n_embd)) {
+      return str_cat(at, "widths (n_embd) must be positive and strictly ascending; got ", q.n_embd,
+                     i > 0 ? " after " + std::to_string(points[i - 1].n_embd) : std::string());
+    }
   }
+  return {};
+}
+
+void EfficiencyCurve::validate(const std::string& what) const {
+  const std::string p = problem();
+  FSDP_CHECK(p.empty(), ErrorKind::kInvalidArgument, profile_file::kWhere, what, p);
 }
 
 const EfficiencyCurve& DeviceProfile::achieved_efficiency(Precision p) const {

@@ -17,6 +17,7 @@ using json_fields::number_in_range;
 using json_fields::only_known_keys;
 using json_fields::path_of;
 using json_fields::shortened;
+using json_fields::object_field;
 using json_fields::typed;
 using json_fields::whole_in_range;
 using json = nlohmann::json;
@@ -131,13 +132,16 @@ EfficiencyCurve efficiency_curve_from(const json& v, const std::string& where) {
   require(v.is_array() && !v.empty(), where,
           " must be a number or a non-empty array of {\"n_embd\": width, \"efficiency\": fraction}, got ",
           shortened(v));
-  for (const json& q : v) {
-    require(q.is_object(), where, " entries must be {\"n_embd\": width, \"efficiency\": fraction}, got ", shortened(q));
-    only_known_keys(q, where, {"n_embd", "efficiency"});
-    c.points.push_back({whole_in_range(q, "n_embd", where, 1, int64_t{1} << 30, "[1, 2^30]"),
-                        typed<double>(q, "efficiency", where)});
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    const json& q = v[i];
+    require(q.is_object(), at, " must be {\"n_embd\": width, \"efficiency\": fraction}, got ", shortened(q));
+    only_known_keys(q, at, {"n_embd", "efficiency"});
+    c.points.push_back({whole_in_range(q, "n_embd", at, 1, int64_t{1} << 30, "[1, 2^30]"),
+                        typed<double>(q, "efficiency", at)});
   }
-  c.validate(where);
+  const std::string problem = c.problem();
+  require(problem.empty(), where, problem);
   return c;
 }
 
@@ -149,7 +153,7 @@ void read_machine(const json& j, DeviceProfile& p) {
   // Whole bytes; 0: not known (a plan then needs a memory per rank of its own).
   p.memory_bytes = whole_in_range(j, "memory_bytes", "", 0, kMaxBytes, "[0, 2^60] (bytes; 0: not known)");
   p.ranks_per_node = whole_in_range(j, "ranks_per_node", "", 1, kMaxRanks, "[1, 2^20]");
-  const json& f = typed<json>(j, "matmul_flops_per_s", "");
+  const json& f = object_field(j, "matmul_flops_per_s", "");
   only_known_keys(f, "matmul_flops_per_s", {"fp32", "bf16", "fp16"});
   p.matmul_flops_per_s_fp32 = number_in_range(f, "fp32", "matmul_flops_per_s", 1.0, kMaxRate);
   p.matmul_flops_per_s_bf16 = number_in_range(f, "bf16", "matmul_flops_per_s", 1.0, kMaxRate);
@@ -159,7 +163,7 @@ void read_machine(const json& j, DeviceProfile& p) {
                              ? number_in_range(j, "compute_efficiency", "", kMinComputeEfficiency, 1.0)
                              : 1.0;
   if (j.contains("achieved_efficiency")) {  // optional: none published
-    const json& a = typed<json>(j, "achieved_efficiency", "");
+    const json& a = object_field(j, "achieved_efficiency", "");
     only_known_keys(a, "achieved_efficiency", {"fp32", "bf16", "fp16"});
     EfficiencyCurve* curves[] = {&p.achieved_efficiency_fp32, &p.achieved_efficiency_bf16, &p.achieved_efficiency_fp16};
     const char* keys[] = {"fp32", "bf16", "fp16"};
@@ -172,7 +176,7 @@ void read_machine(const json& j, DeviceProfile& p) {
             p.compute_efficiency, ")");
   }
   if (j.contains("model_flops_per_s")) {
-    const json& mf = typed<json>(j, "model_flops_per_s", "");
+    const json& mf = object_field(j, "model_flops_per_s", "");
     only_known_keys(mf, "model_flops_per_s", {"fp32", "bf16", "fp16"});
     p.model_flops_per_s_fp32 = rate(mf, "fp32", "model_flops_per_s");
     p.model_flops_per_s_bf16 = rate(mf, "bf16", "model_flops_per_s");
@@ -182,7 +186,7 @@ void read_machine(const json& j, DeviceProfile& p) {
 
 // step_update_s_per_elem, step_update_points_numel_seconds.
 void read_step_update(const json& j, DeviceProfile& p) {
-  const json& u = typed<json>(j, "step_update_s_per_elem", "");
+  const json& u = object_field(j, "step_update_s_per_elem", "");
   only_known_keys(u, "step_update_s_per_elem", {"adamw", "sgd-momentum", "sgd"});
   p.step_update_s_per_elem_adamw = non_negative(u, "adamw", "step_update_s_per_elem", kMaxSeconds);
   p.step_update_s_per_elem_sgd_momentum = non_negative(u, "sgd-momentum", "step_update_s_per_elem", kMaxSeconds);
@@ -214,7 +218,7 @@ void read_cores(const json& j, DeviceProfile& p) {
 // per node and its fixed cost per collective.
 void read_network(const json& j, DeviceProfile& p) {
   if (!j.contains("network")) return;
-  const json& n = typed<json>(j, "network", "");
+  const json& n = object_field(j, "network", "");
   only_known_keys(n, "network", {"nics_per_node", "base_latency_s"});
   p.nics_per_node = whole_in_range(n, "nics_per_node", "network", 1, kMaxRanks, "[1, 2^20]");
   p.collective_base_latency_s =
@@ -223,16 +227,18 @@ void read_network(const json& j, DeviceProfile& p) {
 
 // collectives: null (a one-rank calibration) or the links and factors of each kind.
 void read_collectives(const json& j, DeviceProfile& p) {
-  const json& c = typed<json>(j, "collectives", "");
+  const json& c = json_fields::required(j, "collectives", "");
+  require(c.is_null() || c.is_object(), "collectives must be null (a one-rank calibration) or a JSON object, got ",
+          shortened(c));
   p.has_collectives = !c.is_null();
   only_known_keys(c, "collectives", {"all_gather", "reduce_scatter", "all_reduce"});
   CollectiveLinks* links[] = {&p.all_gather, &p.reduce_scatter, &p.all_reduce};
   for (int k = 0; k < 3 && p.has_collectives; ++k) {
     const std::string where = std::string("collectives.") + kKinds[k];
-    const json& e = typed<json>(c, kKinds[k], "collectives");
+    const json& e = object_field(c, kKinds[k], "collectives");
     only_known_keys(e, where, {"intra_node", "inter_node", "shared_core_factor", "duration_factor"});
-    links[k]->intra_node = link_from(typed<json>(e, "intra_node", where), where + ".intra_node");
-    links[k]->inter_node = link_from(typed<json>(e, "inter_node", where), where + ".inter_node");
+    links[k]->intra_node = link_from(object_field(e, "intra_node", where), where + ".intra_node");
+    links[k]->inter_node = link_from(object_field(e, "inter_node", where), where + ".inter_node");
     // Absent in profiles written before it was measured: 1 (a collective costs its time alone).
     if (e.contains("shared_core_factor")) {
       // One range per regime, named whole in the message.
@@ -258,7 +264,7 @@ void read_collectives(const json& j, DeviceProfile& p) {
 // calibration: the world size, the calibrated setup (all four or none) and the fits.
 void read_calibration(const json& j, DeviceProfile& p) {
   if (!j.contains("calibration")) return;
-  const json& cal = typed<json>(j, "calibration", "");
+  const json& cal = object_field(j, "calibration", "");
   only_known_keys(cal, "calibration", {"world_size", "model", "model_params", "micro_batch_size", "seq_len", "fits"});
   p.calibration_world_size = whole_in_range(cal, "world_size", "calibration", 1, kMaxRanks, "[1, 2^20]");
   // Absent in profiles written before the calibrated setup was recorded: all four or none.
@@ -277,11 +283,11 @@ void read_calibration(const json& j, DeviceProfile& p) {
   require(p.has_collectives || !cal.contains("fits"),
           "calibration.fits is for a calibration of 2 or more ranks (\"collectives\" is null here)");
   if (!p.has_collectives) return;
-  const json& fits = typed<json>(cal, "fits", "calibration");
+  const json& fits = object_field(cal, "fits", "calibration");
   only_known_keys(fits, "calibration.fits", {"all_gather", "reduce_scatter", "all_reduce"});
   for (const char* kind : kKinds) {
     const std::string where = std::string("calibration.fits.") + kind;
-    const json& e = typed<json>(fits, kind, "calibration.fits");
+    const json& e = object_field(fits, kind, "calibration.fits");
     only_known_keys(e, where, {"alpha_s", "beta_s_per_byte", "points_bytes_seconds"});
     CalibrationFit fit;
     fit.alpha_s = non_negative(e, "alpha_s", where, kMaxSeconds);

@@ -248,9 +248,9 @@ TEST(PlannerFlops, EfficiencyCurveInClosedFormAndItsErrors) {
       EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
     }
   };
-  refused({{4096, 1.2}}, "achieved_efficiency.bf16: an efficiency must be in [0.01, 1], got 1.2");
+  refused({{4096, 1.2}}, "achieved_efficiency.bf16[0]: an efficiency must be in [0.01, 1], got 1.2");
   refused({{4096, 0.005}}, "must be in [0.01, 1], got 0.005");
-  refused({{8192, 0.6}, {4096, 0.5}}, "widths (n_embd) must be positive and strictly ascending; got 4096 after 8192");
+  refused({{8192, 0.6}, {4096, 0.5}}, "[1]: widths (n_embd) must be positive and strictly ascending; got 4096 after 8192");
   refused({{4096, 0.5}, {4096, 0.6}}, "got 4096 after 4096");
   refused({{0, 0.5}, {4096, 0.6}}, "a figure for every width (n_embd 0) must be the only one");
 }
@@ -374,13 +374,40 @@ TEST(PlannerProfileFile, NewKeysAreOptionalAndRoundTrip) {
   refused(nlohmann::json::array({{{"n_embd", 8192}, {"efficiency", 0.6}}, {{"n_embd", 4096}, {"efficiency", 0.5}}}),
           "strictly ascending; got 4096 after 8192");
   refused(nlohmann::json::array({{{"n_embd", 4096}, {"eff", 0.5}}}), "eff");
-  refused(nlohmann::json::array({{{"n_embd", 4096}, {"efficiency", 2.0}}}), "must be in [0.01, 1], got 2");
+  refused(nlohmann::json::array({{{"n_embd", 4096}, {"efficiency", 2.0}}}), "achieved_efficiency.bf16[0]: an efficiency must be in [0.01, 1], got 2");
+  // achieved_efficiency itself must be an object of precisions: one number there is not read as
+  // "the same figure for all" nor dropped as "none" (its fields are all optional).
+  for (const nlohmann::json& v : {nlohmann::json(0.4), nlohmann::json("0.4"), nlohmann::json(nullptr),
+                                  nlohmann::json::array({0.3})}) {
+    nlohmann::json bad = nlohmann::json::parse(fp::profile_to_json(h100));
+    bad["achieved_efficiency"] = v;
+    try {
+      fp::profile_from_json(bad.dump());
+      ADD_FAILURE() << "accepted achieved_efficiency " << v.dump();
+    } catch (const fsdp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("achieved_efficiency must be a JSON object, got " + v.dump()), std::string::npos)
+          << e.what();
+    }
+  }
   nlohmann::json bad = nlohmann::json::parse(fp::profile_to_json(h100));
   bad["network"]["nics_per_node"] = 0;
   EXPECT_THROW(fp::profile_from_json(bad.dump()), fsdp::Error);
   bad = nlohmann::json::parse(fp::profile_to_json(h100));
   bad["network"]["nic"] = 1;
   EXPECT_THROW(fp::profile_from_json(bad.dump()), fsdp::Error);
+  // Every object-valued key is checked for being one (network's fields would be missing anyway;
+  // the message names the key and what it got).
+  for (const char* key : {"network", "matmul_flops_per_s", "model_flops_per_s", "step_update_s_per_elem"}) {
+    bad = nlohmann::json::parse(fp::profile_to_json(h100));
+    bad[key] = 5;
+    try {
+      fp::profile_from_json(bad.dump());
+      ADD_FAILURE() << key << ": 5 accepted";
+    } catch (const fsdp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(key) + " must be a JSON object, got 5"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(PlannerOverlap, OnlyTheFirstGathersAndTheLastReductionsAreExposed) {

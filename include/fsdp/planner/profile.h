@@ -104,9 +104,11 @@ struct EfficiencyCurve {
   bool empty() const { return points.empty(); }
   /// The efficiency at width `n_embd` (> 0); 0 when empty.
   double at(int64_t n_embd) const;
-  /// Throws fsdp::Error (kInvalidArgument) naming `what` for an efficiency outside
-  /// [kMinComputeEfficiency, 1], a width-free point beside others, or widths not positive and
-  /// strictly ascending.
+  /// The first thing wrong with the points, as a message tail naming the point ("[1]: an
+  /// efficiency must be in [0.01, 1], got 1.2"): an efficiency outside [kMinComputeEfficiency, 1],
+  /// a width-free point beside others, or widths not positive and strictly ascending. Empty: none.
+  std::string problem() const;
+  /// Throws fsdp::Error (kInvalidArgument) "<what><problem()>" when problem() is not empty.
   void validate(const std::string& what) const;
 };
 
