@@ -51,6 +51,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import textwrap
 import sys
 import time
 
@@ -264,7 +265,9 @@ def bar_chart(rows, impls, path, title):
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels([f"{p} N={n}" for p, n in groups])
     ax.set_ylabel("tokens / s (median step)")
-    ax.set_title(title.split(";")[0], fontsize=8)
+    # The run's setup and CPU, wrapped to the figure's width (one line ran off the picture).
+    parts = [t.strip() for t in title.split(";") if not t.strip().startswith("total")]
+    ax.set_title(textwrap.fill("; ".join(parts), width=int(fig.get_figwidth() * 17)), fontsize=8)
     ax.legend(fontsize=7)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
