@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
     const fsdp::planner::PlanInputs in = apps::plan::resolve_inputs(*flags);
     const fsdp::planner::Plan plan = fsdp::planner::make_plan(in);
     if (launcher_rank() == 0) {
-      std::cout << (flags->json ? fsdp::planner::plan_to_json(plan) : apps::plan::format_plan(plan, flags->compute_efficiency.has_value()));
+      std::cout << (flags->json ? fsdp::planner::plan_to_json(plan)
+                                : apps::plan::format_plan(plan, flags->compute_efficiency.has_value()));
     }
     return 0;
   } catch (const apps::plan::UsageError& e) {

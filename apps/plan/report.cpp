@@ -61,7 +61,11 @@ class Table {
 // 2nd, 3rd, 4th, 11th, 21st, ...
 std::string ordinal(int64_t k) {
   const int64_t last = k % 10, tens = k % 100;
-  const char* suffix = (tens >= 11 && tens <= 13) ? "th" : last == 1 ? "st" : last == 2 ? "nd" : last == 3 ? "rd" : "th";
+  const char* suffix = (tens >= 11 && tens <= 13) ? "th"
+                       : last == 1                ? "st"
+                       : last == 2                ? "nd"
+                       : last == 3                ? "rd"
+                                                  : "th";
   return std::to_string(k) + suffix;
 }
 
@@ -69,7 +73,8 @@ std::string ordinal(int64_t k) {
 // DeviceProfile::flops_per_s): the measured model rate, the user's --compute-efficiency, the
 // profile's achieved-efficiency figure for the model's width (its own point, between two, or the
 // nearest end's), the profile's compute_efficiency, or the bare peak.
-std::string compute_line(const fp::DeviceProfile& prof, fp::Precision pr, int64_t n_embd, bool compute_efficiency_given) {
+std::string compute_line(const fp::DeviceProfile& prof, fp::Precision pr, int64_t n_embd,
+                         bool compute_efficiency_given) {
   const std::string lp = fp::to_string(pr);
   if (const double measured = prof.model_flops_per_s(pr); measured > 0) {
     return lp + " at the profile's measured model rate, " + num(measured / 1e12, "%.4g") +

@@ -168,7 +168,9 @@ void read_machine(const json& j, DeviceProfile& p) {
     EfficiencyCurve* curves[] = {&p.achieved_efficiency_fp32, &p.achieved_efficiency_bf16, &p.achieved_efficiency_fp16};
     const char* keys[] = {"fp32", "bf16", "fp16"};
     for (int k = 0; k < 3; ++k) {
-      if (a.contains(keys[k])) *curves[k] = efficiency_curve_from(a.at(keys[k]), std::string("achieved_efficiency.") + keys[k]);
+      if (a.contains(keys[k])) {
+        *curves[k] = efficiency_curve_from(a.at(keys[k]), std::string("achieved_efficiency.") + keys[k]);
+      }
     }
     require(!p.has_achieved_efficiency() || p.compute_efficiency == 1.0,
             "achieved_efficiency and a compute_efficiency below 1 are two figures for one rate: keep one (got "

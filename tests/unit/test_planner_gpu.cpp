@@ -250,7 +250,8 @@ TEST(PlannerFlops, EfficiencyCurveInClosedFormAndItsErrors) {
   };
   refused({{4096, 1.2}}, "achieved_efficiency.bf16[0]: an efficiency must be in [0.01, 1], got 1.2");
   refused({{4096, 0.005}}, "must be in [0.01, 1], got 0.005");
-  refused({{8192, 0.6}, {4096, 0.5}}, "[1]: widths (n_embd) must be positive and strictly ascending; got 4096 after 8192");
+  refused({{8192, 0.6}, {4096, 0.5}},
+          "[1]: widths (n_embd) must be positive and strictly ascending; got 4096 after 8192");
   refused({{4096, 0.5}, {4096, 0.6}}, "got 4096 after 4096");
   refused({{0, 0.5}, {4096, 0.6}}, "a figure for every width (n_embd 0) must be the only one");
 }
@@ -344,7 +345,8 @@ TEST(PlannerProfileFile, NewKeysAreOptionalAndRoundTrip) {
   const fp::DeviceProfile flat = fp::profile_from_json(j.dump());
   EXPECT_DOUBLE_EQ(flat.flops_per_s(fp::Precision::kBf16, 4096), 989.5e12 * 0.405);
   EXPECT_DOUBLE_EQ(flat.flops_per_s(fp::Precision::kBf16, 8192), 989.5e12 * 0.405);
-  EXPECT_DOUBLE_EQ(nlohmann::json::parse(fp::profile_to_json(flat))["achieved_efficiency"]["bf16"].get<double>(), 0.405);
+  const nlohmann::json flat_back = nlohmann::json::parse(fp::profile_to_json(flat));
+  EXPECT_DOUBLE_EQ(flat_back["achieved_efficiency"]["bf16"].get<double>(), 0.405);
   // A file without them (older profiles): the single ring and the compute efficiency.
   j.erase("network");
   j.erase("achieved_efficiency");
@@ -374,7 +376,8 @@ TEST(PlannerProfileFile, NewKeysAreOptionalAndRoundTrip) {
   refused(nlohmann::json::array({{{"n_embd", 8192}, {"efficiency", 0.6}}, {{"n_embd", 4096}, {"efficiency", 0.5}}}),
           "strictly ascending; got 4096 after 8192");
   refused(nlohmann::json::array({{{"n_embd", 4096}, {"eff", 0.5}}}), "eff");
-  refused(nlohmann::json::array({{{"n_embd", 4096}, {"efficiency", 2.0}}}), "achieved_efficiency.bf16[0]: an efficiency must be in [0.01, 1], got 2");
+  refused(nlohmann::json::array({{{"n_embd", 4096}, {"efficiency", 2.0}}}),
+          "achieved_efficiency.bf16[0]: an efficiency must be in [0.01, 1], got 2");
   // achieved_efficiency itself must be an object of precisions: one number there is not read as
   // "the same figure for all" nor dropped as "none" (its fields are all optional).
   for (const nlohmann::json& v : {nlohmann::json(0.4), nlohmann::json("0.4"), nlohmann::json(nullptr),
@@ -385,7 +388,8 @@ TEST(PlannerProfileFile, NewKeysAreOptionalAndRoundTrip) {
       fp::profile_from_json(bad.dump());
       ADD_FAILURE() << "accepted achieved_efficiency " << v.dump();
     } catch (const fsdp::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("achieved_efficiency must be a JSON object, got " + v.dump()), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("achieved_efficiency must be a JSON object, got " + v.dump()),
+                std::string::npos)
           << e.what();
     }
   }
