@@ -110,7 +110,9 @@ void DeviceProfile::clear_achieved_efficiency() {
 
 double DeviceProfile::efficiency(Precision p, int64_t n_embd) const {
   const EfficiencyCurve& c = achieved_efficiency(p);
-  return c.empty() ? compute_efficiency : c.at(n_embd);
+  if (c.empty()) return compute_efficiency;
+  c.validate("achieved_efficiency." + to_string(p));  // a profile built in code is not read through a file's checks
+  return c.at(n_embd);
 }
 
 double DeviceProfile::flops_per_s(Precision p, int64_t n_embd) const {

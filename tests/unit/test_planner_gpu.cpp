@@ -254,6 +254,19 @@ TEST(PlannerFlops, EfficiencyCurveInClosedFormAndItsErrors) {
           "[1]: widths (n_embd) must be positive and strictly ascending; got 4096 after 8192");
   refused({{4096, 0.5}, {4096, 0.6}}, "got 4096 after 4096");
   refused({{0, 0.5}, {4096, 0.6}}, "a figure for every width (n_embd 0) must be the only one");
+  // A profile built in code, not read from a file, gets the same check where the planner reads the curve.
+  fp::DeviceProfile d;
+  d.achieved_efficiency_bf16.points = {{8192, 0.6}, {4096, 0.5}};
+  try {
+    (void)d.efficiency(fp::Precision::kBf16, 4096);
+    ADD_FAILURE() << "a descending curve was read";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("achieved_efficiency.bf16[1]: widths (n_embd) must be positive"),
+              std::string::npos)
+        << e.what();
+  }
+  d.achieved_efficiency_bf16.points = {{4096, 0.5}, {8192, 0.6}};
+  EXPECT_DOUBLE_EQ(d.efficiency(fp::Precision::kBf16, 4096), 0.5);
 }
 
 TEST(PlannerFlops, PublishedCurvesReproduceTheirSourceAndPredictTheHeldOutRuns) {

@@ -203,7 +203,8 @@ struct DeviceProfile {
   double flops_per_s(Precision p, int64_t n_embd) const;
   /// The fraction of the matmul peak a step of a model of width `n_embd` reaches for `p` where no
   /// model rate is measured: the achieved_efficiency curve's figure at n_embd when the profile has
-  /// one for `p`, else compute_efficiency.
+  /// one for `p`, else compute_efficiency. Throws fsdp::Error (kInvalidArgument) naming
+  /// "achieved_efficiency.<precision>[i]" when that curve's points are wrong (EfficiencyCurve::problem).
   double efficiency(Precision p, int64_t n_embd) const;
   /// achieved_efficiency_* of a precision.
   const EfficiencyCurve& achieved_efficiency(Precision p) const;
