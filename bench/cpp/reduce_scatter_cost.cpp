@@ -1,8 +1,8 @@
 // What a reduce-scatter costs over the world group's backend, and what its alternatives would:
-//   reduce_scatter  ProcessGroup::reduce_scatter_tensor (Gloo: all-to-all + a local sum in rank
-//                   order, [Note: gloo reduce-scatter]; MPI: MPI_Ireduce_scatter_block)
+//   reduce_scatter  ProcessGroup::reduce_scatter_tensor (MPI and Gloo: an all-to-all and a local sum
+//                   in rank order, [Note: all-to-all reductions])
 //   all_reduce      the all-reduce route: all_reduce of the whole input, then this rank's block
-//   all_to_all      the all-to-all alone (Gloo's substitute without its local sum)
+//   all_to_all      the all-to-all alone (the reduce-scatter without its local sum)
 // The three run interleaved, in rounds that rotate their order, so that a drift of a shared
 // machine hits all alike; rank 0 prints the median per op in milliseconds and the bus bandwidth
 // (input bytes x (N-1)/N per op) for each input size.

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <map>
 
+#include "all_to_all_reductions.h"
 #include "fsdp/common/check.h"
 
 namespace fsdp::comm {
@@ -141,25 +142,12 @@ void GlooBackend::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   });
 }
 
-// [Note: gloo reduce-scatter] Gloo has no reduce-scatter of one block per rank (its
-// reduce_scatter.h is an in-place algorithm over several inputs of one process). Block q of every
-// rank goes to rank q by one all-to-all; rank q then reduces the size() blocks it received in rank
-// order 0, 1, ..., so every run (and every world of the same size) sums in the same order. It
-// moves the same bytes as a ring reduce-scatter, (N-1)/N of the input per rank, and holds one
-// extra input-sized buffer; docs/notes.md has its measured cost.
+// Gloo has no reduce-scatter of one block per rank (its reduce_scatter.h is an in-place algorithm
+// over several inputs of one process): an all-to-all and a local reduction in rank order stand in
+// ([Note: all-to-all reductions] in all_to_all_reductions.cpp).
 void GlooBackend::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   if (output.numel() == 0) return;
-  at::Tensor received = at::empty_like(input);
-  all_to_all(received, input);
-  dispatch_reducible(output, rank_, [&](auto zero) {
-    using T = decltype(zero);
-    const ReduceFn fn = reduce_fn<T>(op, rank_);
-    const size_t n = static_cast<size_t>(output.numel());
-    T* out = static_cast<T*>(output.data_ptr());
-    const T* blocks = static_cast<const T*>(received.data_ptr());
-    std::memcpy(out, blocks, n * sizeof(T));
-    for (int q = 1; q < size_; ++q) fn(out, out, blocks + n * q, n);
-  });
+  detail::reduce_scatter_by_all_to_all(*this, output, input, op);
 }
 
 void GlooBackend::all_to_all(const at::Tensor& output, const at::Tensor& input) {

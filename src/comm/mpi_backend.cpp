@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "all_to_all_reductions.h"
 #include "fsdp/common/check.h"
 
 namespace fsdp::comm {
@@ -188,12 +189,10 @@ void MpiBackend::all_gather(const at::Tensor& output, const at::Tensor& input) {
   });
 }
 
+// Not MPI_Ireduce_scatter_block: Open MPI's (libnbc) reduces everything on rank 0 and scatters from
+// there ([Note: all-to-all reductions] in all_to_all_reductions.cpp).
 void MpiBackend::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
-  const int n = count_of(output);
-  run_nonblocking("MPI_Ireduce_scatter_block", rank_, deadline_s(), [&](MPI_Request* req) {
-    return MPI_Ireduce_scatter_block(input.data_ptr(), output.data_ptr(), n, mpi_type(input),
-                                     mpi_op(op), comm_, req);
-  });
+  detail::reduce_scatter_by_all_to_all(*this, output, input, op);
 }
 
 void MpiBackend::all_reduce(const at::Tensor& tensor, ReduceOp op) {

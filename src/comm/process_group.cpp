@@ -10,7 +10,7 @@
 #include "fsdp/common/check.h"
 #include "group_state.h"
 #include "issue_order_executor.h"
-#include "low_precision.h"
+#include "all_to_all_reductions.h"
 
 namespace fsdp::comm {
 
@@ -206,7 +206,7 @@ WorkPtr ProcessGroup::reduce_scatter_tensor(at::Tensor output, at::Tensor input,
     return enqueue(d, [output, input] { copy_if_distinct(output, input); });
   }
   if (reduces_in_float32(d.kind, input.scalar_type())) {
-    return enqueue(d, [this, output, input, rop] { detail::reduce_scatter_low_precision(*backend_, output, input, rop); });
+    return enqueue(d, [this, output, input, rop] { detail::reduce_scatter_by_all_to_all(*backend_, output, input, rop); });
   }
   return enqueue(d, [this, output, input, rop] {
     detail::reduce_with(*backend_, output, rop, [&](ReduceOp o) { backend_->reduce_scatter(output, input, o); });

@@ -148,14 +148,21 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
   };
   auto full_grad = [&](size_t u) { return pb * un[u].trainable_numel; };
   // Reduce-scatter buffers: the input (G x the unit's trainable shard) and, with G > 1, the
-  // output shard; no_shard's bucket buffers (the unit's trainable elements, until backward ends).
+  // output shard and what the collective holds while it runs: the blocks its all-to-all receives
+  // (as many bytes as the input) and, for bf16/fp16, the float32 shard they are added in and the
+  // block being widened ([Note: all-to-all reductions] in src/comm/all_to_all_reductions.cpp);
+  // no_shard's bucket buffers (the unit's trainable elements, until backward ends).
   auto reduce_input = [&](size_t u) -> int64_t {
     return rb * (ddp ? un[u].trainable_numel : un[u].reduce_numel);
   };
-  auto reduce_buffers = [&](size_t u) -> int64_t {
-    const int64_t out = !ddp && par.shard_group_size() > 1 ? rb * un[u].reduce_shard_numel : 0;
-    return reduce_input(u) + out;
+  const bool scatters = !ddp && par.shard_group_size() > 1;
+  auto reduce_held = [&](size_t u) -> int64_t {  // from the unit's backward until its reduce-scatter ends
+    return reduce_input(u) + (scatters ? rb * un[u].reduce_shard_numel : 0);
   };
+  auto reduce_running = [&](size_t u) -> int64_t {  // while the communication thread runs it (one at a time)
+    return scatters ? reduce_input(u) + (rb < 4 ? 2 * 4 * un[u].reduce_shard_numel : 0) : 0;
+  };
+  auto reduce_buffers = [&](size_t u) { return reduce_held(u) + reduce_running(u); };
   auto sharded_grad = [&](size_t u) { return 4 * un[u].real_trainable_numel; };
 
   // Full params alive at each moment. full_shard / hybrid_shard: the root (gathered from forward
@@ -280,7 +287,9 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
       m.unsharded_grad_bytes = rb * largest_bucket;
     } else {
       m.sharded_grad_bytes = state.sharded_grad_bytes - sharded_grad(0) - (L >= 1 ? sharded_grad(1) : 0);
-      m.unsharded_grad_bytes = full_grad(0) + reduce_input(0) + (L >= 1 ? reduce_buffers(1) : 0);
+      // The first block's reduce-scatter and the root's run one after the other.
+      m.unsharded_grad_bytes = full_grad(0) + reduce_input(0) + (L >= 1 ? reduce_held(1) : 0) +
+                               std::max(reduce_running(0), L >= 1 ? reduce_running(1) : 0);
     }
     m.activation_bytes = act.root_lookup_bytes;
     moments.consider(m);

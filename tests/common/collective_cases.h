@@ -93,6 +93,22 @@ inline void check_half_precision_reduction(fsdp::comm::ProcessGroup& g) {
   EXPECT_TRUE(at::equal(b, at::full({2}, N * (1.0 + 1.0 / 128), at::kDouble).to(at::kBFloat16)));
 }
 
+/// A float32 reduce-scatter sums in rank order 0, 1, ..., N-1 (the CPU backends' contract,
+/// [Note: all-to-all reductions]): rank 0 gives 2^24 and every other rank 1, so the rank-order sum
+/// in float32 stays 2^24 (2^24 + 1 rounds back to it, each time), while an order that adds the 1s
+/// first (a tree that pairs ranks 1 and 2, or a reverse order) keeps them: 2^24 + N - 1 for N >= 3.
+inline void check_reduce_scatter_rank_order(fsdp::comm::ProcessGroup& g) {
+  const int N = g.size();
+  const int64_t n = 5;
+  at::Tensor in = at::full({N * n}, g.rank() == 0 ? 16777216.0f : 1.0f, at::kFloat);
+  at::Tensor out = at::full({n}, -1.0f, at::kFloat);
+  g.reduce_scatter_tensor(out, in, ReduceOp::kSum)->wait();
+  float expect = 16777216.0f;
+  for (int q = 1; q < N; ++q) expect += 1.0f;  // the fold in rank order, in float32
+  EXPECT_TRUE(at::equal(out, at::full({n}, expect, at::kFloat)))
+      << "reduce_scatter float32 sum over N=" << N << " is not the rank-order fold " << expect << ": got " << out;
+}
+
 /// Runs every closed-form check on group g (collective: all ranks call it).
 inline void check_all_collectives(fsdp::comm::ProcessGroup& g) {
   for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kInt, at::kLong}) {
@@ -109,6 +125,7 @@ inline void check_all_collectives(fsdp::comm::ProcessGroup& g) {
   check_all_gather(g, at::kByte, 5);
   for (int root = 0; root < g.size(); ++root) check_broadcast(g, root, 6);
   check_half_precision_reduction(g);
+  check_reduce_scatter_rank_order(g);
   g.barrier()->wait();
 
   // Ops run in issue order, one at a time, on the communication thread. A chain on one tensor
