@@ -105,7 +105,7 @@ struct MarkerOutcome {
 /// uint8, uint8 for gathers, all-to-all and broadcast only). Reductions of bfloat16/float16 that
 /// the backend does not run itself move
 /// the low-precision bytes (an all-to-all of the blocks) and add them up in float32 in rank order,
-/// rounding once at the end ([Note: low-precision reductions]). Thread-safe: any thread may issue
+/// rounding once at the end ([Note: all-to-all reductions]). Thread-safe: any thread may issue
 /// ops; their order is the order of issue.
 class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
  public:
