@@ -86,8 +86,9 @@ class GroupState {
   std::string diverged() const;
   /// Refuses every later op with `why` (the first reason stays).
   void refuse(const std::string& why);
-  /// A failure that leaves the group unusable (timeout): records it, dumps the flight recorder,
-  /// and arms the abort of the job after options().abort_grace_s when abort_after_timeout.
+  /// A failure that leaves the group unusable (timeout): records it, dumps the flight recorder
+  /// (once: the caller marks the failed op's record first, so the dump says how it ended), and
+  /// arms the abort of the job after options().abort_grace_s when abort_after_timeout.
   void on_unrecoverable(const std::string& what);
   /// Writes the flight recorder to options().flight_recorder_dir (if set); returns the path.
   std::string dump_flight_recorder(const std::string& reason);

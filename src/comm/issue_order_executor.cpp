@@ -98,6 +98,11 @@ void IssueOrderExecutor::run(Op& op) {
           str_cat("collective #", op.seq, " of group '", group_.name(), "' (", describe(op.signature, &op), ", ",
                   op.bytes, " bytes) did not complete within ", group_.options().timeout_s, " s on rank ",
                   group_.rank(), " (world rank ", group_.family().root_rank, ")");
+      // The record says how the op ended before on_unrecoverable writes the dump: a rank woken
+      // from a stop (SIGSTOP, then the launcher's SIGCONT and SIGTERM) may be killed right after
+      // that one write, and a dump showing the op still running would hide why it timed out.
+      failure = e.what();
+      group_.recorder().mark_done(op.record_id, now_s(), OpState::kTimedOut, failure);
       group_.on_unrecoverable(what);
       timed_out = true;
       err = std::make_exception_ptr(Error(
@@ -120,10 +125,8 @@ void IssueOrderExecutor::run(Op& op) {
   group_.recorder().mark_done(op.record_id, t1,
                               !err ? OpState::kCompleted : (timed_out ? OpState::kTimedOut : OpState::kFailed),
                               failure);
-  if (timed_out) {
-    group_.dump_flight_recorder(failure);  // again, now that this op's record says how it ended
-  } else if (err && !abandoned && failure.find("the group is unusable") == std::string::npos &&
-             failure.find("not run: ranks left a step") == std::string::npos) {
+  if (!timed_out && err && !abandoned && failure.find("the group is unusable") == std::string::npos &&
+      failure.find("not run: ranks left a step") == std::string::npos) {
     group_.dump_flight_recorder(failure);  // a mismatch or a transport failure: worth the record
   }
   if (op.counted) group_.stats().record_time(op.kind, t0, t1, op.bytes, op.seq);

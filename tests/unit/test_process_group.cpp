@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "fsdp/comm/process_group.h"
@@ -22,8 +23,11 @@ using fsdp::comm::ReduceOp;
 
 namespace {
 
+constexpr double kTimeoutMarker = -7.0;
+
 // Rank 0 of a pretend 2-rank group: all_reduce doubles the tensor after `delay`, or fails with a
-// collective error when the tensor's first element is negative. Counts what it ran and whether it
+// collective error when the tensor's first element is negative (a timeout when it is
+// kTimeoutMarker). Counts what it ran and whether it
 // was destroyed while an op ran.
 struct Probe {
   std::atomic<int> ran{0};
@@ -50,8 +54,13 @@ class FakeBackend final : public Backend {
   void all_reduce(const at::Tensor& t, ReduceOp) override {
     probe_.running = true;
     std::this_thread::sleep_for(delay_);
-    const bool fail = t.view(-1)[0].item<double>() < 0;
+    const double first = t.view(-1)[0].item<double>();
+    const bool fail = first < 0;
     probe_.running = false;
+    if (first == kTimeoutMarker) {  // what the MPI backend throws after a SIGSTOP
+      throw fsdp::Error(fsdp::ErrorKind::kTimeout, fsdp::ErrorContext{0, "", "fake_allreduce"},
+                        "not complete after 9 s (deadline reached); this rank was suspended for 8 s of the wait");
+    }
     if (fail) {
       throw fsdp::Error(fsdp::ErrorKind::kCollective, fsdp::ErrorContext{0, "", "fake_allreduce"},
                         "the transport lost the peer");
@@ -241,6 +250,41 @@ TEST(HostSplit, UnevenHostsAreRejectedForPerHostGroups) {
   ProcessGroup even(std::make_unique<Uneven>(std::vector<int>{0, 0, 0, 1, 1, 1}));
   EXPECT_EQ(fsdp::comm::uniform_ranks_per_host(even), 3);
   EXPECT_EQ(even.ranks_on_my_host(), 3);
+}
+
+// A timed-out collective is written to the flight recorder once, by the timeout itself, and that
+// one dump already shows the op timed out with the backend's reason. A rank stopped with SIGSTOP
+// and woken by the launcher's SIGCONT and SIGTERM may live for that one write only: had it shown
+// the op still running, the diagnosis could not name the stopped rank.
+TEST(FlightRecorder, ATimeoutsOneDumpSaysTheOpTimedOutAndWhy) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("fsdp-fr-timeout-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  Probe probe;
+  fsdp::comm::ProcessGroupOptions options;
+  options.timeout_s = 5;
+  options.abort_after_timeout = false;
+  options.flight_recorder_dir = dir.string();
+  {
+    ProcessGroup g(std::make_unique<FakeBackend>(probe, std::chrono::milliseconds(1)), options);
+    auto w = g.all_reduce(at::full({4}, kTimeoutMarker));
+    try {
+      w->wait();
+      ADD_FAILURE() << "the timeout was swallowed";
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(e.kind(), fsdp::ErrorKind::kTimeout) << e.what();
+    }
+  }
+  std::ifstream in(dir / "rank-00000.json");
+  ASSERT_TRUE(in) << "no dump in " << dir;
+  const std::string dump((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The reason is the timeout's own line (a second dump would carry the backend's message).
+  EXPECT_NE(dump.find("\"reason\": \"collective #"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("did not complete within 5 s on rank 0"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("\"state\": \"timed out\""), std::string::npos) << dump;
+  EXPECT_EQ(dump.find("\"state\": \"running\""), std::string::npos) << dump;
+  EXPECT_NE(dump.find("this rank was suspended for 8 s of the wait"), std::string::npos) << dump;
+  fs::remove_all(dir);
 }
 
 // The flight recorder keeps the newest `capacity` records, oldest first; updates of an evicted
