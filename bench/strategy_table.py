@@ -35,7 +35,9 @@ def plan(cfg, n, strategy, g, profile, bin_dir):
            "--mixed-precision", cfg["mixed_precision"],
            "--global-batch-size", str(cfg["global_batch_size"]),
            "--micro-batch-size", str(cfg["micro_batch_size"]), "--seq-len", str(cfg["seq_len"]),
-           "--forward-prefetch", "true" if cfg["forward_prefetch"] else "false"]
+           "--forward-prefetch", "true" if cfg["forward_prefetch"] else "false",
+           # the measured runs are fsdp-train over MPI or Gloo, whatever the profile
+           "--reduce-scatter-route", "all_to_all"]
     if strategy == "hybrid_shard":
         cmd += ["--hybrid-shard-group-size", str(g)]
     if strategy == "no_shard":

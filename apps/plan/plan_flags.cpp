@@ -141,6 +141,11 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
                  "(default: the profile's; h100 and a100: the published training efficiency at the model's "
                  "width for bf16/fp16, docs/planner.md \"Profiles\"; 1 for fp32)")
       ->check(CLI::Range(fp::kMinComputeEfficiency, 1.0))->group("Machine");
+  app.add_option("--reduce-scatter-route", f.reduce_scatter_route,
+                 "What a reduce-scatter holds while it runs: all_to_all (fsdp-train over MPI or Gloo: the "
+                 "received blocks, and a float32 shard for bf16/fp16) or in_place (NCCL's ring). Default: "
+                 "in_place for a profile with NCCL's network model (h100, a100), else all_to_all")
+      ->check(CLI::IsMember({"all_to_all", "in_place"}))->group("Machine");
   app.add_option("--nics-per-node", f.nics_per_node,
                  "Network adapters per node for collectives across nodes (default: the profile's; h100 and a100: 8)")
       ->check(CLI::PositiveNumber)->group("Machine");
@@ -323,6 +328,10 @@ fp::PlanInputs resolve_inputs(const PlanFlags& f) {
                      std::to_string(N) + " (every node holds the same number of ranks)");
   }
   in.headroom = f.headroom;
+  if (!f.reduce_scatter_route.empty()) {
+    in.reduce_scatter_route = f.reduce_scatter_route == "in_place" ? fp::ReduceScatterRoute::kInPlace
+                                                                   : fp::ReduceScatterRoute::kAllToAll;
+  }
   if (f.rank >= N) throw UsageError("--rank " + std::to_string(f.rank) + " is not below --world-size " + std::to_string(N));
   in.rank = f.rank;
   return in;

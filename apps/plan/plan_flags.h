@@ -46,6 +46,7 @@ struct PlanFlags {
   double headroom = fsdp::planner::kDefaultHeadroom;
   std::optional<double> compute_efficiency;
   std::optional<int64_t> nics_per_node;  ///< unset: the profile's
+  std::string reduce_scatter_route;      ///< "all_to_all", "in_place"; "": from the profile
   int64_t rank = 0;
   // Output
   bool json = false;

@@ -165,7 +165,12 @@ std::string format_plan(const fp::Plan& p, bool compute_efficiency_given) {
   os << "  compute: " << compute_line(in.profile, st.precision, m.arch.n_embd, compute_efficiency_given) << "\n";
   os << "  memory per rank " << b(static_cast<double>(p.memory_per_rank_bytes)) << ", usable "
      << b(static_cast<double>(p.usable_bytes)) << " (" << num(in.headroom * 100, "%.0f") << "% headroom); bytes of rank "
-     << in.rank << "\n\n";
+     << in.rank << "\n";
+  os << "  reduce-scatter: "
+     << (st.reduce_scatter_route == fp::ReduceScatterRoute::kInPlace
+             ? "in place (NCCL's ring; --reduce-scatter-route all_to_all for fsdp-train over MPI or Gloo)"
+             : "all-to-all and a local sum (fsdp-train over MPI or Gloo): the received blocks count while it runs")
+     << "\n\n";
   os << split_line(p) << "\n";
 
   Table mem({"strategy", "params", "grads", "optimizer", "full params", "state", "| peak:", "full params", "full grads",

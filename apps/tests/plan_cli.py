@@ -82,6 +82,17 @@ def llama13b_on_64_h100(bin_path):
     text = plan(bin_path, *args).stdout
     check(f"Recommendation: {r['label']} at N = 64" in text, "the table names the recommendation")
     check("why: " + r["reason"] in text, "the table states the reason")
+    # The h100 profile plans NCCL's in-place reduce-scatter; --reduce-scatter-route all_to_all the
+    # MPI/Gloo route, whose received blocks raise full_shard's peak (docs/planner.md, "Peak").
+    check(doc["inputs"]["reduce_scatter_route"] == "in_place", f"h100: in place, got {doc['inputs']}")
+    check("reduce-scatter: in place" in text, "the table names the reduce-scatter's route")
+    a2a = json.loads(plan(bin_path, *args, "--reduce-scatter-route", "all_to_all", "--json").stdout)
+    check(a2a["inputs"]["reduce_scatter_route"] == "all_to_all", "--reduce-scatter-route all_to_all is taken")
+    fs = by_strategy(doc)["full_shard"]["peak"]["peak_bytes"]
+    fs_a2a = by_strategy(a2a)["full_shard"]["peak"]["peak_bytes"]
+    check(fs < fs_a2a, f"full_shard's peak in place {fs} below all-to-all's {fs_a2a}")
+    p = plan(bin_path, *args, "--reduce-scatter-route", "ring", expect_rc=2)
+    check("--reduce-scatter-route: ring not in" in p.stderr, f"an unknown route refused: {p.stderr!r}")
 
 
 def llama3_8b_on_h100s(bin_path):

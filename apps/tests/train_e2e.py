@@ -122,7 +122,8 @@ def plan_budget(opts, n):
     """fsdp-plan's prediction for the demo at N = n: {strategy: (fits, peak_bytes)}."""
     plan_bin = os.path.join(os.path.dirname(opts.bin), "fsdp-plan")
     p = subprocess.run([plan_bin] + BUDGET_MODEL + ["--world-size", str(n), "--memory-per-rank", BUDGET,
-                                                    "--headroom", "0", "--json"],
+                                                    "--headroom", "0", "--reduce-scatter-route", "all_to_all",
+                                                    "--json"],
                        capture_output=True, text=True, timeout=60)
     check(p.returncode == 0, "fsdp-plan for the demo at N=%d: exit %d %s" % (n, p.returncode, p.stderr[-300:]))
     return {s["strategy"]: (s["fits"], s["peak"]["peak_bytes"]) for s in json.loads(p.stdout)["strategies"]}

@@ -148,9 +148,10 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
   };
   auto full_grad = [&](size_t u) { return pb * un[u].trainable_numel; };
   // Reduce-scatter buffers: the input (G x the unit's trainable shard) and, with G > 1, the
-  // output shard and what the collective holds while it runs: the blocks its all-to-all receives
-  // (as many bytes as the input) and, for bf16/fp16, the float32 shard they are added in and the
-  // block being widened ([Note: all-to-all reductions] in src/comm/all_to_all_reductions.cpp);
+  // output shard and, on the all-to-all route, what the collective holds while it runs: the
+  // blocks its all-to-all receives (as many bytes as the input) and, for bf16/fp16, the float32
+  // shard they are added in and the block being widened ([Note: all-to-all reductions] in
+  // src/comm/all_to_all_reductions.cpp; NCCL's in-place ring holds none of these);
   // no_shard's bucket buffers (the unit's trainable elements, until backward ends).
   auto reduce_input = [&](size_t u) -> int64_t {
     return rb * (ddp ? un[u].trainable_numel : un[u].reduce_numel);
@@ -160,7 +161,8 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
     return reduce_input(u) + (scatters ? rb * un[u].reduce_shard_numel : 0);
   };
   auto reduce_running = [&](size_t u) -> int64_t {  // while the communication thread runs it (one at a time)
-    return scatters ? reduce_input(u) + (rb < 4 ? 2 * 4 * un[u].reduce_shard_numel : 0) : 0;
+    if (!scatters || setup.reduce_scatter_route == ReduceScatterRoute::kInPlace) return int64_t{0};
+    return reduce_input(u) + (rb < 4 ? 2 * 4 * un[u].reduce_shard_numel : 0);
   };
   auto reduce_buffers = [&](size_t u) { return reduce_held(u) + reduce_running(u); };
   auto sharded_grad = [&](size_t u) { return 4 * un[u].real_trainable_numel; };

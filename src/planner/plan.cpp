@@ -218,7 +218,10 @@ StrategyPlan plan_strategy(const PlanInputs& in, const Parallelism& par, int64_t
   return sp;
 }
 
-Plan make_plan(const PlanInputs& in) {
+Plan make_plan(const PlanInputs& given) {
+  PlanInputs in = given;
+  in.step.reduce_scatter_route = in.reduce_scatter_route.value_or(
+      in.profile.nics_per_node > 0 ? ReduceScatterRoute::kInPlace : ReduceScatterRoute::kAllToAll);
   FSDP_CHECK(in.world_size >= 1, ErrorKind::kInvalidArgument, kPlanWhere,
              expected_actual("world size", ">= 1", in.world_size));
   FSDP_CHECK(in.headroom >= 0.0 && in.headroom < 1.0, ErrorKind::kInvalidArgument, kPlanWhere,

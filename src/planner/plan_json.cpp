@@ -108,6 +108,8 @@ std::string plan_to_json(const Plan& plan) {
                  {"clip_grad_norm", st.clip_grad_norm},
                  {"loss_scaling", st.loss_scaling},
                  {"nonfinite_check", st.nonfinite_check},
+                 {"reduce_scatter_route",
+                  st.reduce_scatter_route == ReduceScatterRoute::kInPlace ? "in_place" : "all_to_all"},
                  {"rank", in.rank},
                  {"memory_per_rank_bytes", plan.memory_per_rank_bytes},
                  {"headroom", in.headroom},

@@ -7,11 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/check.h"
 #include "fsdp/planner/activations.h"
 #include "fsdp/planner/memory.h"
+#include "fsdp/planner/plan.h"
 #include "fsdp/planner/time_model.h"
 #include "planner_test_helpers.h"
 
@@ -464,4 +466,66 @@ TEST(PlannerOverlap, OnlyTheFirstGathersAndTheLastReductionsAreExposed) {
   EXPECT_LT(ag(1) + rs(1), 0.1 * t.compute_s / static_cast<double>(3 * L)) << "the premise: collectives well below a block";
   EXPECT_NEAR(t.exposed_comm_s, ag(0) + ag(1) + ag(L) + rs(1) + rs(0) + flags, 1e-6);
   EXPECT_NEAR(t.step_s, t.compute_s + t.exposed_comm_s, 1e-6);
+}
+
+// What a reduce-scatter holds while it runs depends on its route: fsdp-cpp's all-to-all (MPI,
+// Gloo) holds the blocks it received and, in bf16, a float32 shard; NCCL's ring holds neither.
+// make_plan takes the route from the profile (the NCCL model: nics_per_node >= 1), so a GPU
+// cluster's plan is not charged the CPU backends' buffers, and a CPU machine's still is.
+TEST(PlannerMemory, TheReduceScatterRouteFollowsTheProfile) {
+  const fp::ModelSpec model = fp::llama_model(fp::llama_shape("llama2-13b"));
+  fp::StepSetup in_place, all_to_all;
+  for (fp::StepSetup* st : {&in_place, &all_to_all}) {
+    st->precision = fp::Precision::kBf16;
+    st->micro_batch_size = 1;
+    st->seq_len = 4096;
+  }
+  in_place.reduce_scatter_route = fp::ReduceScatterRoute::kInPlace;
+  const fp::Parallelism fs64 = par(S::kFullShard, 64, 0, 8);
+  const fp::PeakBytes a = fp::peak_bytes(model, fs64, all_to_all), b = fp::peak_bytes(model, fs64, in_place);
+  // One block unit's running all-to-all: the bf16 input's bytes received, plus the float32 shard
+  // and the block being widened (317,204,480 elements, 1/64 of them per rank).
+  const int64_t block_numel = 317204480, running = 2 * block_numel + 2 * 4 * (block_numel / 64);
+  // The all-to-all's peak comes one block later in backward (a reduce-scatter is then running),
+  // where fewer activations are alive: the peaks differ by less than the buffers, the gradient
+  // columns by at least one running all-to-all.
+  EXPECT_GT(a.peak_bytes, b.peak_bytes);
+  EXPECT_LE(a.peak_bytes - b.peak_bytes, 2 * running);
+  EXPECT_GE(a.unsharded_grad_bytes - b.unsharded_grad_bytes, running)
+      << a.unsharded_grad_bytes << " vs " << b.unsharded_grad_bytes;
+  EXPECT_LE(a.unsharded_grad_bytes - b.unsharded_grad_bytes, 2 * running)
+      << a.unsharded_grad_bytes << " vs " << b.unsharded_grad_bytes;
+  EXPECT_EQ(a.persistent_bytes, b.persistent_bytes);
+  // Nothing is scattered at N = 1 or under no_shard (buckets): the routes agree.
+  for (const fp::Parallelism& p : {par(S::kFullShard, 1), par(S::kNoShard, 64, 0, 8)}) {
+    EXPECT_EQ(fp::peak_bytes(model, p, all_to_all).peak_bytes, fp::peak_bytes(model, p, in_place).peak_bytes);
+  }
+  fp::PlanInputs in;
+  in.model = model;
+  in.world_size = 64;
+  in.step = all_to_all;
+  in.profile = fp::builtin_profile("h100");
+  // By default the profile picks the route; PlanInputs::reduce_scatter_route overrides it.
+  struct Case {
+    int64_t nics;
+    std::optional<fp::ReduceScatterRoute> given;
+    const fp::StepSetup& used;
+  };
+  const Case cases[] = {{8, std::nullopt, in_place},
+                        {0, std::nullopt, all_to_all},
+                        {8, fp::ReduceScatterRoute::kAllToAll, all_to_all},
+                        {0, fp::ReduceScatterRoute::kInPlace, in_place}};
+  for (const Case& c : cases) {
+    in.profile.nics_per_node = c.nics;
+    in.reduce_scatter_route = c.given;
+    const int64_t nics = c.nics;
+    const fp::Plan plan = fp::make_plan(in);
+    const fp::StepSetup& used = c.used;
+    EXPECT_EQ(plan.inputs.step.reduce_scatter_route, used.reduce_scatter_route);
+    ASSERT_FALSE(plan.strategies.empty());
+    for (const fp::StrategyPlan& sp : plan.strategies) {
+      EXPECT_EQ(sp.peak.peak_bytes, fp::peak_bytes(model, sp.parallelism, used).peak_bytes)
+          << sp.parallelism.label() << " with nics_per_node " << nics;
+    }
+  }
 }

@@ -56,10 +56,25 @@ struct Parallelism {
   std::string label() const;
 };
 
+/// How a reduce-scatter moves and adds the gradient blocks, which sets what it holds while it
+/// runs (memory.h peak_bytes).
+enum class ReduceScatterRoute {
+  /// fsdp-cpp's MPI and Gloo backends: one all-to-all of the blocks, then a local sum in rank order
+  /// ([Note: all-to-all reductions]): while it runs it holds the blocks it received (as many bytes
+  /// as its input) and, for bf16/fp16, a float32 shard and the block being widened.
+  kAllToAll,
+  /// NCCL's ring (the planner's NCCL model: DeviceProfile::nics_per_node >= 1): the blocks pass
+  /// through NCCL's own fixed-size buffers and are added in the gradient dtype, so it holds only
+  /// its input and output.
+  kInPlace,
+};
+
 /// One training step as fsdp-train runs it.
 struct StepSetup {
   Precision precision = Precision::kFp32;
   OptimizerKind optimizer = OptimizerKind::kAdamW;
+  /// Set by make_plan from the profile (kInPlace where the profile has the NCCL model).
+  ReduceScatterRoute reduce_scatter_route = ReduceScatterRoute::kAllToAll;
   int64_t micro_batch_size = 1;    ///< sequences per forward per rank
   int64_t seq_len = 128;           ///< tokens per sequence
   int64_t accumulation_steps = 1;  ///< micro-batches per optimizer step (gradient sync on the last)
