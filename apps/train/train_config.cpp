@@ -157,7 +157,9 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--steps", c.steps, "Optimizer steps")->check(int_in(1, kMaxSize))->group("Optimisation");
   app.add_option("--lr", c.lr, "Peak learning rate (AdamW)")->check(real_in(0, 1e3, /*lo_open=*/true))->group("Optimisation");
   app.add_option("--min-lr", c.min_lr, "Learning rate at the end of the cosine decay (default: --lr / 10)")
-      ->check(real_in(0, 1e3))->group("Optimisation");
+      ->check(real_in(0, 1e3))
+      ->default_str("")  // the default follows --lr (below); the initial value would mislead
+      ->group("Optimisation");
   app.add_option("--warmup-steps", c.warmup_steps,
                  "Steps of linear warmup from lr/warmup to lr, then cosine decay to --min-lr")
       ->check(int_in(0, kMaxSize))->group("Optimisation");
