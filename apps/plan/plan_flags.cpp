@@ -143,11 +143,14 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
       ->check(CLI::Range(fp::kMinComputeEfficiency, 1.0))->group("Machine");
   app.add_option("--reduce-scatter-route", f.reduce_scatter_route,
                  "What a reduce-scatter holds while it runs: all_to_all (fsdp-train over MPI or Gloo: the "
-                 "received blocks, and a float32 shard for bf16/fp16) or in_place (NCCL's ring). Default: "
-                 "in_place for a profile with NCCL's network model (h100, a100), else all_to_all")
+                 "received blocks, and for bf16/fp16 a float32 shard and the block being widened) or in_place "
+                 "(NCCL's ring). Default: in_place for a profile with NCCL's network model (h100, a100, or "
+                 "--nics-per-node given), else all_to_all")
       ->check(CLI::IsMember({"all_to_all", "in_place"}))->group("Machine");
   app.add_option("--nics-per-node", f.nics_per_node,
-                 "Network adapters per node for collectives across nodes (default: the profile's; h100 and a100: 8)")
+                 "Network adapters per node for collectives across nodes (default: the profile's; h100 and a100: "
+                 "8). Turns on NCCL's network model, and with it NCCL's in-place reduce-scatter unless "
+                 "--reduce-scatter-route says otherwise")
       ->check(CLI::PositiveNumber)->group("Machine");
   app.add_option("--rank", f.rank, "Whose bytes to report (rank 0 holds the most real rows)")
       ->check(non_negative)->group("Machine");

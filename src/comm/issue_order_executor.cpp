@@ -122,9 +122,9 @@ void IssueOrderExecutor::run(Op& op) {
   }
   op.fn = nullptr;  // release the op's tensors before signalling completion
   const double t1 = now_s();
-  group_.recorder().mark_done(op.record_id, t1,
-                              !err ? OpState::kCompleted : (timed_out ? OpState::kTimedOut : OpState::kFailed),
-                              failure);
+  if (!timed_out) {  // a timeout's record was marked before its dump
+    group_.recorder().mark_done(op.record_id, t1, !err ? OpState::kCompleted : OpState::kFailed, failure);
+  }
   if (!timed_out && err && !abandoned && failure.find("the group is unusable") == std::string::npos &&
       failure.find("not run: ranks left a step") == std::string::npos) {
     group_.dump_flight_recorder(failure);  // a mismatch or a transport failure: worth the record

@@ -202,7 +202,14 @@ std::vector<int64_t> hybrid_candidates(int64_t world_size, int64_t ranks_per_nod
   return out;
 }
 
-StrategyPlan plan_strategy(const PlanInputs& in, const Parallelism& par, int64_t usable_bytes) {
+ReduceScatterRoute reduce_scatter_route_for(const PlanInputs& in) {
+  return in.reduce_scatter_route.value_or(in.profile.nics_per_node > 0 ? ReduceScatterRoute::kInPlace
+                                                                       : ReduceScatterRoute::kAllToAll);
+}
+
+StrategyPlan plan_strategy(const PlanInputs& given, const Parallelism& par, int64_t usable_bytes) {
+  PlanInputs in = given;
+  in.step.reduce_scatter_route = reduce_scatter_route_for(given);
   StrategyPlan sp;
   sp.parallelism = par;
   const int64_t rank = std::min(in.rank, par.world_size - 1);
@@ -220,8 +227,7 @@ StrategyPlan plan_strategy(const PlanInputs& in, const Parallelism& par, int64_t
 
 Plan make_plan(const PlanInputs& given) {
   PlanInputs in = given;
-  in.step.reduce_scatter_route = in.reduce_scatter_route.value_or(
-      in.profile.nics_per_node > 0 ? ReduceScatterRoute::kInPlace : ReduceScatterRoute::kAllToAll);
+  in.step.reduce_scatter_route = reduce_scatter_route_for(given);
   FSDP_CHECK(in.world_size >= 1, ErrorKind::kInvalidArgument, kPlanWhere,
              expected_actual("world size", ">= 1", in.world_size));
   FSDP_CHECK(in.headroom >= 0.0 && in.headroom < 1.0, ErrorKind::kInvalidArgument, kPlanWhere,

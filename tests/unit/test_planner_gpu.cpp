@@ -2,7 +2,8 @@
 // 8 and 64 nodes in closed form, NICs fewer than GPUs and shared by hybrid's replica groups, the
 // old single-ring model kept for profiles without adapters, nccl-tests' bus bandwidth, FLOPs of a
 // Llama and a GPT shape against a hand count with and without recompute, MFU and HFU, the
-// published efficiency curves (against their source), the overlap of a GPU step and the profile file's optional keys.
+// published efficiency curves (against their source), the overlap of a GPU step, the profile file's optional keys
+// and the reduce-scatter's route (NCCL's in place on a GPU profile, fsdp-train's all-to-all elsewhere).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -487,8 +488,8 @@ TEST(PlannerMemory, TheReduceScatterRouteFollowsTheProfile) {
   // and the block being widened (317,204,480 elements, 1/64 of them per rank).
   const int64_t block_numel = 317204480, running = 2 * block_numel + 2 * 4 * (block_numel / 64);
   // The all-to-all's peak comes one block later in backward (a reduce-scatter is then running),
-  // where fewer activations are alive: the peaks differ by less than the buffers, the gradient
-  // columns by at least one running all-to-all.
+  // where fewer activations are alive: the peaks differ by less than two running all-to-alls'
+  // buffers, the gradient columns by at least one.
   EXPECT_GT(a.peak_bytes, b.peak_bytes);
   EXPECT_LE(a.peak_bytes - b.peak_bytes, 2 * running);
   EXPECT_GE(a.unsharded_grad_bytes - b.unsharded_grad_bytes, running)
@@ -518,14 +519,17 @@ TEST(PlannerMemory, TheReduceScatterRouteFollowsTheProfile) {
   for (const Case& c : cases) {
     in.profile.nics_per_node = c.nics;
     in.reduce_scatter_route = c.given;
-    const int64_t nics = c.nics;
     const fp::Plan plan = fp::make_plan(in);
+    const int64_t nics = c.nics;
     const fp::StepSetup& used = c.used;
     EXPECT_EQ(plan.inputs.step.reduce_scatter_route, used.reduce_scatter_route);
+    EXPECT_EQ(fp::reduce_scatter_route_for(in), used.reduce_scatter_route);
     ASSERT_FALSE(plan.strategies.empty());
     for (const fp::StrategyPlan& sp : plan.strategies) {
       EXPECT_EQ(sp.peak.peak_bytes, fp::peak_bytes(model, sp.parallelism, used).peak_bytes)
           << sp.parallelism.label() << " with nics_per_node " << nics;
+      EXPECT_EQ(fp::plan_strategy(in, sp.parallelism, plan.usable_bytes).peak.peak_bytes, sp.peak.peak_bytes)
+          << "plan_strategy alone takes the same route";
     }
   }
 }

@@ -97,7 +97,7 @@ TEST(PlannerRecommend, SmallestWorldSizeAtWhichFullShardFits) {
     fp::Parallelism par;
     par.world_size = w;
     par.ranks_per_node = 8;
-    return fp::peak_bytes(in.model, par, in.step).peak_bytes;
+    return fp::peak_bytes(in.model, par, p.inputs.step).peak_bytes;  // the route the plan used
   };
   EXPECT_LE(fs_peak(n), p.usable_bytes);
   EXPECT_GT(fs_peak(n - 8), p.usable_bytes) << "the smallest such world size";

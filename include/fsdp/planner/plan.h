@@ -35,8 +35,8 @@ struct PlanInputs {
   int64_t memory_per_rank_bytes = 0;  ///< 0: the profile's
   double headroom = kDefaultHeadroom;
   int64_t rank = 0;  ///< whose bytes (rank 0 holds the most real rows)
-  /// What a reduce-scatter holds while it runs (step.reduce_scatter_route); none: NCCL's in-place
-  /// ring where the profile has the NCCL model (nics_per_node >= 1), else fsdp-cpp's all-to-all.
+  /// What a reduce-scatter holds while it runs; none: from the profile (reduce_scatter_route_for).
+  /// make_plan and plan_strategy set step.reduce_scatter_route from this, never read it from step.
   std::optional<ReduceScatterRoute> reduce_scatter_route;
 };
 
@@ -90,7 +90,11 @@ struct Plan {
 /// model rate (and the shared-core factors, measured beside that pass) belong to its shapes.
 std::vector<std::string> profile_notes(const PlanInputs& in);
 
-/// Evaluates one strategy.
+/// The reduce-scatter's route a plan of `in` uses: in.reduce_scatter_route, else NCCL's in-place
+/// ring where the profile has the NCCL model (nics_per_node >= 1), else fsdp-cpp's all-to-all.
+ReduceScatterRoute reduce_scatter_route_for(const PlanInputs& in);
+
+/// Evaluates one strategy (the reduce-scatter on reduce_scatter_route_for(in)).
 StrategyPlan plan_strategy(const PlanInputs& in, const Parallelism& par, int64_t usable_bytes);
 /// Evaluates the strategies and recommends one (docs/planner.md, "Recommendation"):
 ///  1. no_shard (DDP) when it fits: it needs no gathers and the least traffic;
@@ -102,11 +106,9 @@ StrategyPlan plan_strategy(const PlanInputs& in, const Parallelism& par, int64_t
 ///     of the ranks per node) at which full_shard fits, without and then with checkpointing;
 ///  5. else model parallelism: what no data-parallel world size shards (the gathered units,
 ///     their gradients, the activations) does not fit by itself.
-/// "Fits": predicted peak <= (1 - headroom) x memory per rank. The reduce-scatter's route
-/// (StepSetup::reduce_scatter_route, what it holds while it runs) is in.reduce_scatter_route, or
-/// by default follows the profile: NCCL's in-place ring where the profile has the NCCL model
-/// (nics_per_node >= 1), else fsdp-cpp's all-to-all route; plan.inputs.step says which. Throws fsdp::Error (kInvalidArgument) for bad
-/// inputs (world size, hybrid size, headroom outside [0, 1)).
+/// "Fits": predicted peak <= (1 - headroom) x memory per rank. The reduce-scatter's route (what it
+/// holds while it runs) is reduce_scatter_route_for(in); plan.inputs.step says which. Throws
+/// fsdp::Error (kInvalidArgument) for bad inputs (world size, hybrid size, headroom outside [0, 1)).
 Plan make_plan(const PlanInputs& in);
 
 /// The plan as JSON (docs/planner.md, "JSON output"): inputs, model, split of bytes per param,

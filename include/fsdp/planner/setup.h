@@ -73,7 +73,9 @@ enum class ReduceScatterRoute {
 struct StepSetup {
   Precision precision = Precision::kFp32;
   OptimizerKind optimizer = OptimizerKind::kAdamW;
-  /// Set by make_plan from the profile (kInPlace where the profile has the NCCL model).
+  /// What peak_bytes charges a running reduce-scatter. make_plan and plan_strategy overwrite it
+  /// (PlanInputs::reduce_scatter_route, else from the profile: plan.h reduce_scatter_route_for);
+  /// direct callers of peak_bytes get fsdp-train's own route, kAllToAll, unless they set it.
   ReduceScatterRoute reduce_scatter_route = ReduceScatterRoute::kAllToAll;
   int64_t micro_batch_size = 1;    ///< sequences per forward per rank
   int64_t seq_len = 128;           ///< tokens per sequence
