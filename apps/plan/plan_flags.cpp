@@ -331,10 +331,7 @@ fp::PlanInputs resolve_inputs(const PlanFlags& f) {
                      std::to_string(N) + " (every node holds the same number of ranks)");
   }
   in.headroom = f.headroom;
-  if (!f.reduce_scatter_route.empty()) {
-    in.reduce_scatter_route = f.reduce_scatter_route == "in_place" ? fp::ReduceScatterRoute::kInPlace
-                                                                   : fp::ReduceScatterRoute::kAllToAll;
-  }
+  if (!f.reduce_scatter_route.empty()) in.reduce_scatter_route = fp::parse_reduce_scatter_route(f.reduce_scatter_route);
   if (f.rank >= N) throw UsageError("--rank " + std::to_string(f.rank) + " is not below --world-size " + std::to_string(N));
   in.rank = f.rank;
   return in;

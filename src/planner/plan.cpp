@@ -207,20 +207,20 @@ ReduceScatterRoute reduce_scatter_route_for(const PlanInputs& in) {
                                                                        : ReduceScatterRoute::kAllToAll);
 }
 
-StrategyPlan plan_strategy(const PlanInputs& given, const Parallelism& par, int64_t usable_bytes) {
-  PlanInputs in = given;
-  in.step.reduce_scatter_route = reduce_scatter_route_for(given);
+StrategyPlan plan_strategy(const PlanInputs& in, const Parallelism& par, int64_t usable_bytes) {
+  StepSetup step = in.step;
+  step.reduce_scatter_route = reduce_scatter_route_for(in);
   StrategyPlan sp;
   sp.parallelism = par;
   const int64_t rank = std::min(in.rank, par.world_size - 1);
   const double P = static_cast<double>(in.model.num_params());
-  sp.state = model_state_bytes(in.model, par, in.step, rank);
-  sp.closed_form_bytes = closed_form_model_state_bytes(par, P, in.step);
+  sp.state = model_state_bytes(in.model, par, step, rank);
+  sp.closed_form_bytes = closed_form_model_state_bytes(par, P, step);
   sp.zero_paper_bytes =
-      zero_paper_model_state_bytes(par, P, zero_paper_bytes_per_param(in.step.precision, in.step.optimizer));
-  sp.peak = peak_bytes(in.model, par, in.step, rank);
-  sp.traffic = step_traffic(in.model, par, in.step);
-  sp.time = estimate_step_time(in.model, par, in.step, in.profile);
+      zero_paper_model_state_bytes(par, P, zero_paper_bytes_per_param(step.precision, step.optimizer));
+  sp.peak = peak_bytes(in.model, par, step, rank);
+  sp.traffic = step_traffic(in.model, par, step);
+  sp.time = estimate_step_time(in.model, par, step, in.profile);
   sp.fits = sp.peak.peak_bytes <= usable_bytes;
   return sp;
 }

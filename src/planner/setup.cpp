@@ -44,6 +44,17 @@ OptimizerKind parse_optimizer(const std::string& name) {
               expected_actual("optimizer", "adamw, adam, sgd-momentum or sgd", name));
 }
 
+std::string to_string(ReduceScatterRoute r) {
+  return r == ReduceScatterRoute::kInPlace ? "in_place" : "all_to_all";
+}
+
+ReduceScatterRoute parse_reduce_scatter_route(const std::string& name) {
+  if (name == "all_to_all") return ReduceScatterRoute::kAllToAll;
+  if (name == "in_place") return ReduceScatterRoute::kInPlace;
+  throw Error(ErrorKind::kInvalidArgument, kSetupWhere,
+              expected_actual("reduce-scatter route", "all_to_all or in_place", name));
+}
+
 int64_t optimizer_bytes_per_elem(OptimizerKind o) {
   switch (o) {
     case OptimizerKind::kAdamW: return 8;

@@ -68,6 +68,10 @@ enum class ReduceScatterRoute {
   /// its input and output.
   kInPlace,
 };
+/// "all_to_all", "in_place".
+std::string to_string(ReduceScatterRoute r);
+/// Inverse of to_string; throws fsdp::Error (kInvalidArgument) naming the accepted values.
+ReduceScatterRoute parse_reduce_scatter_route(const std::string& name);
 
 /// One training step as fsdp-train runs it.
 struct StepSetup {
