@@ -119,14 +119,15 @@ BUDGET, BUDGET_BYTES = "210MB", 210e6
 
 
 def plan_budget(opts, n):
-    """fsdp-plan's prediction for the demo at N = n: {strategy: (fits, peak_bytes)}."""
+    """fsdp-plan's prediction for the demo at N = n: {strategy: (fits, peak_bytes, reduce_in_flight_bytes)}."""
     plan_bin = os.path.join(os.path.dirname(opts.bin), "fsdp-plan")
     p = subprocess.run([plan_bin] + BUDGET_MODEL + ["--world-size", str(n), "--memory-per-rank", BUDGET,
                                                     "--headroom", "0", "--reduce-scatter-route", "all_to_all",
                                                     "--json"],
                        capture_output=True, text=True, timeout=60)
     check(p.returncode == 0, "fsdp-plan for the demo at N=%d: exit %d %s" % (n, p.returncode, p.stderr[-300:]))
-    return {s["strategy"]: (s["fits"], s["peak"]["peak_bytes"]) for s in json.loads(p.stdout)["strategies"]}
+    return {s["strategy"]: (s["fits"], s["peak"]["peak_bytes"], s["peak"]["reduce_in_flight_bytes"])
+            for s in json.loads(p.stdout)["strategies"]}
 
 
 def test_budget(opts, tmp):
@@ -159,10 +160,14 @@ def test_budget(opts, tmp):
         check(len(steps) == 4 and steps[-1]["loss"] < steps[0]["loss"] and peak <= BUDGET_BYTES,
               "N=%d full_shard under %s trains 4 steps, loss %.3f -> %.3f, peak %.1f MB" %
               (n, BUDGET, steps[0]["loss"], steps[-1]["loss"], peak / 1e6))
-        planned = plan["full_shard"][1]
-        check(abs(planned - peak) <= 0.05 * peak,
-              "N=%d full_shard: fsdp-plan's peak %.1f MB within 5%% of the measured %.1f MB" %
-              (n, planned / 1e6, peak / 1e6))
+        # The plan's peak is the worst case: the previous block's reduce-scatter still in flight during
+        # a block's backward. How often a step reaches it depends on how soon the communication thread
+        # finishes (175-181 MB at N = 2 on one machine, always 180.7 with the all-to-all slowed), so the
+        # measured peak lies between the plan less that reduce-scatter and the plan, within 5%.
+        _, planned, in_flight = plan["full_shard"]
+        check(peak <= planned and planned - in_flight <= 1.05 * peak,
+              "N=%d full_shard: measured peak %.1f MB within fsdp-plan's %.1f MB and, less the %.1f MB of a "
+              "reduce-scatter in flight, 5%% of it" % (n, peak / 1e6, planned / 1e6, in_flight / 1e6))
 
 
 def main():

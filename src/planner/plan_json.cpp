@@ -40,6 +40,7 @@ json strategy_json(const StrategyPlan& s) {
                {"sharded_grad_bytes", k.sharded_grad_bytes},
                {"unsharded_param_bytes", k.unsharded_param_bytes},
                {"unsharded_grad_bytes", k.unsharded_grad_bytes},
+               {"reduce_in_flight_bytes", k.reduce_in_flight_bytes},
                {"activation_bytes", k.activation_bytes},
                {"loss_transient_bytes", k.loss_transient_bytes},
                {"optimizer_temp_bytes", k.optimizer_temp_bytes},

@@ -82,6 +82,12 @@ struct PeakBytes {
   int64_t sharded_grad_bytes = 0;         ///< sharded grads existing at that moment
   int64_t unsharded_param_bytes = 0;      ///< transient full params alive (gathered units, casts)
   int64_t unsharded_grad_bytes = 0;       ///< full grads and reduce-scatter / bucket buffers alive
+  /// Of unsharded_grad_bytes, what the previous unit's reduce-scatter holds only while it is still in
+  /// flight at this moment (its input and, on the all-to-all route, the blocks it receives and its
+  /// float32 sum): freed when it finishes. The moment assumes it has not (the worst case); a run
+  /// whose communication finishes sooner peaks up to this much lower. 0 for no_shard (its buckets
+  /// stay until the end of backward) and for moments without a reduce-scatter beside the compute.
+  int64_t reduce_in_flight_bytes = 0;
   int64_t activation_bytes = 0;           ///< saved activations alive
   int64_t loss_transient_bytes = 0;       ///< logits-sized gradient buffers of the loss
   int64_t optimizer_temp_bytes = 0;       ///< AdamW's denominator temporaries (2 x largest shard)
