@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 namespace fsdp::comm {
 namespace {
@@ -19,6 +20,10 @@ double unix_now_s() {
 // When this process loaded fsdp-cpp (static initialisation, before main): a dump says it, so that a
 // reader can tell this job's dumps from an earlier job's left in the same directory.
 const double g_process_started_unix_s = unix_now_s();
+
+// Dumps of this process write one at a time: two groups of one rank (a hybrid job's shard and
+// replica groups) that give up together would otherwise write and rename the same temporary.
+std::mutex g_dump_mu;
 
 }  // namespace
 
@@ -78,6 +83,7 @@ std::vector<CollectiveRecord> FlightRecorder::records() const {
 
 std::string FlightRecorder::dump(const std::string& dir, int rank, int world_size, const std::string& reason,
                                  std::string* error) const {
+  std::lock_guard<std::mutex> lock(g_dump_mu);  // held until the temporary is renamed or removed
   std::string tmp;
   auto failed = [&](const std::string& why) {
     std::error_code ec;

@@ -3,6 +3,7 @@
 // destroying a group drains its queue before the backend goes.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
@@ -346,5 +347,33 @@ TEST(FlightRecorder, DumpFailuresSayWhyAndLeaveNothingBehind) {
   error.clear();
   EXPECT_EQ(rec.dump((dir / "afile" / "fr").string(), 0, 2, "test", &error), "");
   EXPECT_NE(error.find("cannot write the flight recorder in"), std::string::npos) << error;
+  fs::remove_all(dir);
+}
+
+// Two groups of one process (a hybrid job's shard and replica groups) can give up at the same
+// moment and dump this rank's file together: every dump is written whole and renamed into place,
+// none fails, and no temporary is left.
+TEST(FlightRecorder, DumpsOfOneRankAtOnceDoNotCollide) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("fsdp-fr-race-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fsdp::comm::FlightRecorder rec(64);
+  for (int i = 0; i < 64; ++i) rec.add(fsdp::comm::CollectiveRecord{});
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 25; ++i) {
+        std::string error;
+        if (rec.dump(dir.string(), 3, 4, "test", &error) != (dir / "rank-00003.json").string()) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  std::ifstream in(dir / "rank-00003.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["records"].size(), 64u);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 1) << "a temporary was left";
   fs::remove_all(dir);
 }

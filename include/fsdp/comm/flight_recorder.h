@@ -63,6 +63,8 @@ class FlightRecorder {
   /// group of the family, through a temporary file renamed at the end. Returns the path, or ""
   /// when writing failed, then with *error (when given) saying why ("cannot write
   /// 'DIR/rank-00001.json': No space left on device") and no temporary file left. Never throws.
+  /// Blocks while another dump of this process is being written (one at a time: two groups of one
+  /// rank write the same file).
   std::string dump(const std::string& dir, int rank, int world_size, const std::string& reason,
                    std::string* error = nullptr) const;
 
