@@ -160,14 +160,15 @@ def test_budget(opts, tmp):
         check(len(steps) == 4 and steps[-1]["loss"] < steps[0]["loss"] and peak <= BUDGET_BYTES,
               "N=%d full_shard under %s trains 4 steps, loss %.3f -> %.3f, peak %.1f MB" %
               (n, BUDGET, steps[0]["loss"], steps[-1]["loss"], peak / 1e6))
-        # The plan's peak is the worst case: the previous block's reduce-scatter still in flight during
-        # a block's backward. How often a step reaches it depends on how soon the communication thread
-        # finishes (175-181 MB at N = 2 on one machine, always 180.7 with the all-to-all slowed), so the
-        # measured peak lies between the plan less that reduce-scatter and the plan, within 5%.
+        # The plan's peak is the worst case: the previous block's reduce-scatter still running during a
+        # block's backward, with the blocks its all-to-all receives. Whether a step reaches it depends on
+        # how soon the communication thread finishes (175.1-180.7 MB at N = 2 on the dev machine, 180.7
+        # in every step with the received blocks held longer), so the measured peak lies between the
+        # plan less those bytes, within 5%, and the plan.
         _, planned, in_flight = plan["full_shard"]
-        check(peak <= planned and planned - in_flight <= 1.05 * peak,
-              "N=%d full_shard: measured peak %.1f MB within fsdp-plan's %.1f MB and, less the %.1f MB of a "
-              "reduce-scatter in flight, 5%% of it" % (n, peak / 1e6, planned / 1e6, in_flight / 1e6))
+        check(in_flight > 0 and peak <= planned and planned - in_flight <= 1.05 * peak,
+              "N=%d full_shard: measured peak %.1f MB at most fsdp-plan's %.1f MB, and the plan less the %.1f MB "
+              "an all-to-all receives within 5%% of it" % (n, peak / 1e6, planned / 1e6, in_flight / 1e6))
 
 
 def main():

@@ -95,7 +95,14 @@ std::string FlightRecorder::dump(const std::string& dir, int rank, int world_siz
     nlohmann::json j;
     j["rank"] = rank;
     j["world_size"] = world_size;
-    j["reason"] = reason;
+    std::vector<std::string> reasons;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      dump_reasons_.push_back(reason);
+      reasons = dump_reasons_;
+    }
+    j["reason"] = reasons.front();  // the first failure, which the later ones usually follow from
+    j["reasons"] = reasons;
     j["time_s"] = now_s();
     j["process_started_unix_s"] = g_process_started_unix_s;
     j["written_unix_s"] = unix_now_s();

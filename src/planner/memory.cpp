@@ -165,8 +165,6 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
     return reduce_input(u) + (rb < 4 ? 2 * 4 * un[u].reduce_shard_numel : 0);
   };
   auto reduce_buffers = [&](size_t u) { return reduce_held(u) + reduce_running(u); };
-  // What reduce_buffers(u) frees when the reduce-scatter finishes (its output becomes the sharded grad).
-  auto reduce_in_flight = [&](size_t u) { return reduce_input(u) + reduce_running(u); };
   auto sharded_grad = [&](size_t u) { return 4 * un[u].real_trainable_numel; };
 
   // Full params alive at each moment. full_shard / hybrid_shard: the root (gathered from forward
@@ -239,7 +237,7 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
       grads += ddp_buffers;
     } else if (b < L) {
       grads += reduce_buffers(b + 1);
-      m.reduce_in_flight_bytes = reduce_in_flight(b + 1);
+      m.reduce_in_flight_bytes = reduce_running(b + 1);
     }
     if (accumulating) {
       for (int64_t j = 1; j < b; ++j) grads += full_grad(j);
@@ -267,7 +265,7 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
       m.sharded_grad_bytes = state.sharded_grad_bytes - sharded_grad(0) - (L >= 1 ? sharded_grad(1) : 0);
       if (L >= 1) {  // the first block's reduce-scatter in flight
         grads += reduce_buffers(1);
-        m.reduce_in_flight_bytes = reduce_in_flight(1);
+        m.reduce_in_flight_bytes = reduce_running(1);
       }
     }
     m.unsharded_grad_bytes = grads;
@@ -298,11 +296,8 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
       // The first block's reduce-scatter and the root's run one after the other.
       m.unsharded_grad_bytes = full_grad(0) + reduce_input(0) + (L >= 1 ? reduce_held(1) : 0) +
                                std::max(reduce_running(0), L >= 1 ? reduce_running(1) : 0);
-      // Had the first block's finished before the root's was issued: its input and the running
-      // bytes above the root's own.
-      if (L >= 1) {
-        m.reduce_in_flight_bytes = reduce_input(1) + std::max(reduce_running(0), reduce_running(1)) - reduce_running(0);
-      }
+      // Had the first block's finished before the root's started: the root's running bytes alone.
+      if (L >= 1) m.reduce_in_flight_bytes = std::max(reduce_running(0), reduce_running(1)) - reduce_running(0);
     }
     m.activation_bytes = act.root_lookup_bytes;
     moments.consider(m);

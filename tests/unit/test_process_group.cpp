@@ -352,20 +352,21 @@ TEST(FlightRecorder, DumpFailuresSayWhyAndLeaveNothingBehind) {
 
 // Two groups of one process (a hybrid job's shard and replica groups) can give up at the same
 // moment and dump this rank's file together: every dump is written whole and renamed into place,
-// none fails, and no temporary is left.
+// none fails, no temporary is left, and the file keeps the first failure's reason.
 TEST(FlightRecorder, DumpsOfOneRankAtOnceDoNotCollide) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("fsdp-fr-race-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fsdp::comm::FlightRecorder rec(64);
   for (int i = 0; i < 64; ++i) rec.add(fsdp::comm::CollectiveRecord{});
+  EXPECT_EQ(rec.dump(dir.string(), 3, 4, "the first failure"), (dir / "rank-00003.json").string());
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
       for (int i = 0; i < 25; ++i) {
         std::string error;
-        if (rec.dump(dir.string(), 3, 4, "test", &error) != (dir / "rank-00003.json").string()) ++failures;
+        if (rec.dump(dir.string(), 3, 4, "later", &error) != (dir / "rank-00003.json").string()) ++failures;
       }
     });
   }
@@ -374,6 +375,10 @@ TEST(FlightRecorder, DumpsOfOneRankAtOnceDoNotCollide) {
   std::ifstream in(dir / "rank-00003.json");
   const nlohmann::json j = nlohmann::json::parse(in);
   EXPECT_EQ(j["records"].size(), 64u);
+  EXPECT_EQ(j["reason"], "the first failure") << "a later dump kept the first reason";
+  ASSERT_EQ(j["reasons"].size(), 101u);
+  EXPECT_EQ(j["reasons"][0], "the first failure");
+  EXPECT_EQ(j["reasons"][100], "later");
   EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 1) << "a temporary was left";
   fs::remove_all(dir);
 }

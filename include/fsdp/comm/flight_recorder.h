@@ -58,13 +58,14 @@ class FlightRecorder {
   void mark_done(uint64_t id, double end_s, OpState state, const std::string& error);
   /// The records kept, oldest first.
   std::vector<CollectiveRecord> records() const;
-  /// Writes {"rank", "world_size", "reason", "time_s", "records": [...]} as JSON to
+  /// Writes {"rank", "world_size", "reason", "reasons", "time_s", "records": [...]} as JSON to
   /// DIR/rank-RRRRR.json (DIR created if missing), `rank` being this process's rank in the root
   /// group of the family, through a temporary file renamed at the end. Returns the path, or ""
   /// when writing failed, then with *error (when given) saying why ("cannot write
   /// 'DIR/rank-00001.json': No space left on device") and no temporary file left. Never throws.
   /// Blocks while another dump of this process is being written (one at a time: two groups of one
-  /// rank write the same file).
+  /// rank write the same file). A later dump rewrites the file with the newer records and keeps the
+  /// first dump's reason as "reason"; "reasons" lists every dump's, oldest first.
   std::string dump(const std::string& dir, int rank, int world_size, const std::string& reason,
                    std::string* error = nullptr) const;
 
@@ -73,6 +74,7 @@ class FlightRecorder {
   size_t capacity_;
   uint64_t next_id_ = 0;
   std::vector<CollectiveRecord> ring_;  // record id lives in ring_[id % capacity_]
+  mutable std::vector<std::string> dump_reasons_;  // every dump's reason, oldest first
   CollectiveRecord* find(uint64_t id);
 };
 

@@ -82,11 +82,12 @@ struct PeakBytes {
   int64_t sharded_grad_bytes = 0;         ///< sharded grads existing at that moment
   int64_t unsharded_param_bytes = 0;      ///< transient full params alive (gathered units, casts)
   int64_t unsharded_grad_bytes = 0;       ///< full grads and reduce-scatter / bucket buffers alive
-  /// Of unsharded_grad_bytes, what the previous unit's reduce-scatter holds only while it is still in
-  /// flight at this moment (its input and, on the all-to-all route, the blocks it receives and its
-  /// float32 sum): freed when it finishes. The moment assumes it has not (the worst case); a run
-  /// whose communication finishes sooner peaks up to this much lower. 0 for no_shard (its buckets
-  /// stay until the end of backward) and for moments without a reduce-scatter beside the compute.
+  /// Of unsharded_grad_bytes, what the reduce-scatter beside this moment holds only while it runs:
+  /// on the all-to-all route the blocks it receives (and for bf16/fp16 the float32 sum and the block
+  /// being widened), freed by the communication thread when it finishes (its input and output stay
+  /// until the next unit's reduce-scatter is issued). The moment assumes it still runs (the worst
+  /// case); a run whose communication finishes sooner peaks up to this much lower. 0 on the in-place
+  /// route, at N = 1, for no_shard (buckets) and for moments without a reduce-scatter beside them.
   int64_t reduce_in_flight_bytes = 0;
   int64_t activation_bytes = 0;           ///< saved activations alive
   int64_t loss_transient_bytes = 0;       ///< logits-sized gradient buffers of the loss
