@@ -60,10 +60,11 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
       "  mpirun -n 2 fsdp-plan --calibrate --out PROFILE.json   (measures this machine)"};
   app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   std::vector<std::string> models = fp::model_preset_names();
-  // Bounds wide enough for any real plan, printed readably (CLI11's NonNegativeNumber prints the
-  // largest double).
-  auto positive = CLI::Range(int64_t(1), int64_t(1) << 40);
-  auto non_negative = CLI::Range(int64_t(0), int64_t(1) << 40);
+  // Bounds wide enough for any real plan, with fsdp-train's validators: readable limits (CLI11's
+  // PositiveNumber prints the largest double), "not an integer" for text, nan and inf refused.
+  using apps::train::int_in;
+  using apps::train::real_in;
+  const CLI::Validator positive = int_in(1, int64_t(1) << 40), non_negative = int_in(0, int64_t(1) << 40);
 
   app.add_option("--model", f.model, "Model preset: fsdp-train's GPTs or the Llama-2 decoders")
       ->check(CLI::IsMember(models))->group("Model");
@@ -88,7 +89,7 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
       ->check(CLI::IsMember({"auto", "flash", "math"}))->group("Model");
 
   app.add_option("--world-size", f.world_size, "Ranks (GPUs or processes) in the data-parallel group")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 20))->group("Parallelism");
+      ->check(int_in(1, int64_t(1) << 20))->group("Parallelism");
   app.add_option("--ranks-per-node", f.ranks_per_node, "Ranks per node (0: the profile's)")
       ->check(non_negative)->group("Parallelism");
   app.add_option("--strategy", f.strategy,
@@ -111,7 +112,7 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
                  "Units (root excluded) holding full params at once, prefetch included")
       ->check(positive)->group("Parallelism");
   app.add_option("--bucket-cap-mb", f.bucket_cap_mb, "no_shard: gradient all-reduce bucket size in MiB (default 25)")
-      ->check(CLI::Range(1e-6, 1e6))->group("Parallelism");
+      ->check(real_in(1e-6, 1e6))->group("Parallelism");
 
   app.add_option("--global-batch-size", f.global_batch_size,
                  "Sequences per optimizer step, all ranks together (0: micro-batch x world size)")
@@ -127,7 +128,7 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
       ->group("Step");
   app.add_option("--checkpoint-every", f.checkpoint_every,
                  "With --activation-checkpointing: checkpoint only blocks k, 2k, ... (per-block selective; 1: all)")
-      ->check(CLI::PositiveNumber)->group("Step");
+      ->check(positive)->group("Step");
 
   app.add_option("--profile", f.profile, "Device profile: h100, a100 (datasheet figures) or a file from --calibrate")
       ->group("Machine");
@@ -135,12 +136,12 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
       ->group("Machine");
   app.add_option("--headroom", f.headroom,
                  "Share of the memory per rank kept free: a strategy fits when its peak <= (1 - headroom) x memory")
-      ->check(CLI::Range(0.0, 0.99))->group("Machine");
+      ->check(real_in(0.0, 0.99))->group("Machine");
   app.add_option("--compute-efficiency", f.compute_efficiency,
                  "Fraction of the profile's matmul peak a step's hardware FLOPs (recompute included) reach "
                  "(default: the profile's; h100 and a100: the published training efficiency at the model's "
                  "width for bf16/fp16, docs/planner.md \"Profiles\"; 1 for fp32)")
-      ->check(CLI::Range(fp::kMinComputeEfficiency, 1.0))->group("Machine");
+      ->check(real_in(fp::kMinComputeEfficiency, 1.0))->group("Machine");
   app.add_option("--reduce-scatter-route", f.reduce_scatter_route,
                  "What a reduce-scatter holds while it runs: all_to_all (fsdp-train over MPI or Gloo: the "
                  "received blocks, and for bf16/fp16 a float32 shard and the block being widened) or in_place "
@@ -151,7 +152,7 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
                  "Network adapters per node for collectives across nodes (default: the profile's; h100 and a100: "
                  "8). Turns on NCCL's network model, and with it NCCL's in-place reduce-scatter unless "
                  "--reduce-scatter-route says otherwise")
-      ->check(CLI::PositiveNumber)->group("Machine");
+      ->check(positive)->group("Machine");
   app.add_option("--rank", f.rank, "Whose bytes to report (rank 0 holds the most real rows)")
       ->check(non_negative)->group("Machine");
 
@@ -171,6 +172,7 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
 
   try {
     app.parse(argc, argv);
+    apps::train::reject_empty_values(app);
     if (f.calibrate && f.out.empty()) throw CLI::ValidationError("--calibrate", "needs --out PROFILE.json");
     if (!f.calibrate && (!f.out.empty() || !f.name.empty())) {
       throw CLI::ValidationError("--out/--name", "apply to --calibrate only");

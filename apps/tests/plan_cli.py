@@ -124,7 +124,8 @@ def llama3_8b_on_h100s(bin_path):
     check("at 58.0% of the 312 TFLOP/s peak (width 5120, between the profile's achieved efficiencies for widths 4096 "
           "and 8192" in between, "an interpolated figure is called one")
     p = plan(bin_path, *args[:-1], "--world-size", "8", "--compute-efficiency", "nan", expect_rc=2)
-    check("--compute-efficiency must be a number in [0.01, 1], got nan" in p.stderr, f"nan refused: {p.stderr!r}")
+    check("--compute-efficiency: 'nan' is not a finite number (expected one in [0.01, 1])" in p.stderr,
+          f"nan refused: {p.stderr!r}")
     full = json.loads(plan(bin_path, *args, "--world-size", "8", "--compute-efficiency", "1").stdout)
     check(full["strategies"][0]["time"]["matmul_efficiency"] == 1.0 and full["strategies"][0]["time"]["hfu"] > 0.344,
           "--compute-efficiency 1 replaces the published figure")
@@ -143,6 +144,16 @@ def usage_errors(bin_path):
     p = plan(bin_path, "--forward-prefetch", "maybe", expect_rc=2)
     check("--forward-prefetch: 'maybe' is not true or false" in p.stderr,
           f"a bool flag's bad value named in words: {p.stderr!r}")
+    # Numbers in words with readable bounds (fsdp-train's validators), and an empty value (an unset
+    # shell variable) refused, not read as the option left out.
+    for args, says in ((["--nics-per-node", "0"], "--nics-per-node: 0 is outside [1, 1099511627776]"),
+                       (["--checkpoint-every", "0"], "--checkpoint-every: 0 is outside [1, 1099511627776]"),
+                       (["--world-size", "2.5"], "--world-size: '2.5' is not an integer in [1, 1048576]"),
+                       (["--headroom", "nan"], "--headroom: 'nan' is not a finite number (expected one in [0, 0.99])"),
+                       (["--memory-per-rank", ""], "--memory-per-rank: is empty (an unset shell variable?)"),
+                       (["--profile", ""], "--profile: is empty")):
+        p = plan(bin_path, "--model", "micro", *args, expect_rc=2)
+        check(says in p.stderr and len(p.stderr) < 300, f"{args}: {says!r} in {p.stderr!r}")
 
 
 def two_ranks(mpirun_flags=()):

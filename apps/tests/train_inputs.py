@@ -119,6 +119,10 @@ def test_flags(opts, tmp):
     expect_error(run(["--sample-tokens", "4", "--sample-top-k", "9000"], 1, opts), 2,
                  "--sample-top-k 9000 exceeds the vocabulary of 8192")
     expect_error(run(["--sample-tokens", "4", "--sample-prompt", ""], 1, opts), 2, "--sample-prompt")
+    # An empty value (an unset shell variable: --save "$CKPT") is refused, not read as no --save.
+    for flag in ("--save", "--memory-budget", "--resume"):
+        expect_error(run(["--steps", "2", "--metrics", m, flag, ""], 1, opts), 2, flag + ": is empty")
+        check(not events(m, "step"), "%s '': refused before step 1" % flag)
     expect_error(run(["--forward-prefetch", "maybe"], 1, opts), 2, "--forward-prefetch", "'maybe' is not true or false")
     missing = os.path.join(tmp, "missing")
     for flag in ("--export", "--metrics", "--trace"):

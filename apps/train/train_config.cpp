@@ -293,6 +293,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
     std::vector<char*> ptrs;
     for (auto& s : all) ptrs.push_back(s.data());
     app.parse(static_cast<int>(ptrs.size()), ptrs.data());
+    reject_empty_values(app);
     c.vocab_size_given = app.count("--vocab-size") > 0;
     c.model_given = app.count("--model") > 0;
     if (app.count("--min-lr") == 0) c.min_lr = c.lr / 10;

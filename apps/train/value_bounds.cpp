@@ -74,4 +74,16 @@ CLI::Validator real_in(double lo, double hi, bool lo_open) { return real_check(l
 
 CLI::Validator real_below(double lo, double hi) { return real_check(lo, hi, false, true); }
 
+void reject_empty_values(const CLI::App& app) {
+  for (const CLI::Option* o : app.get_options()) {
+    if (o->count() == 0 || o->get_type_size() == 0) continue;  // not given, or a flag
+    for (const std::string& r : o->results()) {
+      if (r.empty()) {
+        throw CLI::ValidationError(o->get_name(), "is empty (an unset shell variable?): give a value or leave "
+                                                  "the option out");
+      }
+    }
+  }
+}
+
 }  // namespace apps::train

@@ -24,4 +24,9 @@ CLI::Validator real_below(double lo, double hi);
 /// "'VALUE' is not true or false (...)" instead of CLI11's "Could not convert".
 CLI::Validator boolean_word();
 
+/// Throws CLI::ValidationError for the first option of `app` given on the command line with an
+/// empty value (`--save ""`, most often an unset shell variable: `--save "$CKPT_DIR"`), which would
+/// otherwise read as the option not given. Flags without a value are skipped. Call after parse().
+void reject_empty_values(const CLI::App& app);
+
 }  // namespace apps::train
