@@ -87,7 +87,8 @@ struct PeakBytes {
   /// being widened), freed by the communication thread when it finishes (its input and output stay
   /// until the next unit's reduce-scatter is issued). The moment assumes it still runs (the worst
   /// case); a run whose communication finishes sooner peaks up to this much lower. 0 on the in-place
-  /// route, at N = 1, for no_shard (buckets) and for moments without a reduce-scatter beside them.
+  /// route, at N = 1, for no_shard (buckets) and for moments without a reduce-scatter beside them;
+  /// at the end of backward only what block 1's holds beyond the root's own, which runs anyway.
   int64_t reduce_in_flight_bytes = 0;
   int64_t activation_bytes = 0;           ///< saved activations alive
   int64_t loss_transient_bytes = 0;       ///< logits-sized gradient buffers of the loss
