@@ -151,7 +151,8 @@ def usage_errors(bin_path):
                        (["--world-size", "2.5"], "--world-size: '2.5' is not an integer in [1, 1048576]"),
                        (["--headroom", "nan"], "--headroom: 'nan' is not a finite number (expected one in [0, 0.99])"),
                        (["--memory-per-rank", ""], "--memory-per-rank: is empty (an unset shell variable?)"),
-                       (["--profile", ""], "--profile: is empty")):
+                       (["--profile", ""], "--profile: is empty"),
+                       (["--memory-per-rank=", "--json"], "--memory-per-rank: is empty")):
         p = plan(bin_path, "--model", "micro", *args, expect_rc=2)
         check(says in p.stderr and len(p.stderr) < 300, f"{args}: {says!r} in {p.stderr!r}")
 

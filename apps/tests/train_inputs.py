@@ -118,11 +118,20 @@ def test_flags(opts, tmp):
     expect_error(run(["--lr", "inf"], 1, opts), 2, "--lr", "not a finite number")
     expect_error(run(["--sample-tokens", "4", "--sample-top-k", "9000"], 1, opts), 2,
                  "--sample-top-k 9000 exceeds the vocabulary of 8192")
-    expect_error(run(["--sample-tokens", "4", "--sample-prompt", ""], 1, opts), 2, "--sample-prompt")
-    # An empty value (an unset shell variable: --save "$CKPT") is refused, not read as no --save.
-    for flag in ("--save", "--memory-budget", "--resume"):
-        expect_error(run(["--steps", "2", "--metrics", m, flag, ""], 1, opts), 2, flag + ": is empty")
-        check(not events(m, "step"), "%s '': refused before step 1" % flag)
+    expect_error(run(["--sample-tokens", "4", "--sample-prompt", " "], 1, opts), 2,
+                 "--sample-prompt ' ' encodes to no token")
+    # An empty value (an unset shell variable: --save "$CKPT", --save=$CKPT) is refused, not read as
+    # no --save or, after '=', as "the value is the next argument".
+    for args in (["--save", ""], ["--memory-budget", ""], ["--resume", ""], ["--sample-prompt", ""],
+                 ["--save=", "--activation-checkpointing"], ["--memory-budget="]):
+        flag = args[0].rstrip("=")
+        expect_error(run(["--steps", "2", "--metrics", m] + args, 1, opts), 2, flag + ": is empty")
+        check(not events(m, "step"), "%s: refused before step 1" % args)
+    toml = os.path.join(tmp, "empty.toml")
+    with open(toml, "w") as f:
+        f.write('save = ""\nsteps = 2\n')
+    expect_error(run(["--config", toml, "--metrics", m], 1, opts), 2, "key 'save' is empty")
+    check(not events(m, "step"), "an empty key of the config file: refused before step 1")
     expect_error(run(["--forward-prefetch", "maybe"], 1, opts), 2, "--forward-prefetch", "'maybe' is not true or false")
     missing = os.path.join(tmp, "missing")
     for flag in ("--export", "--metrics", "--trace"):

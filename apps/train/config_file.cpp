@@ -41,6 +41,10 @@ std::vector<std::string> config_file_args(const std::string& path, CLI::App& app
     std::string value;
     if (auto s = node.value<std::string>(); s && node.is_string()) {
       value = *s;
+      if (value.empty()) {  // "--save=" would take the next argument as its value
+        throw CLI::ValidationError("--config", "config file '" + path + "': key '" + std::string(key.str()) +
+                                                   "' is empty: give a value or leave the key out");
+      }
     } else if (node.is_integer()) {
       value = std::to_string(*node.value<int64_t>());
     } else if (node.is_floating_point()) {

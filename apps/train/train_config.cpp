@@ -284,6 +284,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       ->group("Output");
 
   try {
+    reject_empty_values(std::vector<std::string>(argv + (argc > 0 ? 1 : 0), argv + argc));
     std::vector<std::string> file_args;
     std::string config_path = find_config_flag(argc, argv);
     if (!config_path.empty()) file_args = config_file_args(config_path, app);
@@ -293,7 +294,6 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
     std::vector<char*> ptrs;
     for (auto& s : all) ptrs.push_back(s.data());
     app.parse(static_cast<int>(ptrs.size()), ptrs.data());
-    reject_empty_values(app);
     c.vocab_size_given = app.count("--vocab-size") > 0;
     c.model_given = app.count("--model") > 0;
     if (app.count("--min-lr") == 0) c.min_lr = c.lr / 10;

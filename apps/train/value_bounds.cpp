@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace apps::train {
 namespace {
@@ -74,15 +75,19 @@ CLI::Validator real_in(double lo, double hi, bool lo_open) { return real_check(l
 
 CLI::Validator real_below(double lo, double hi) { return real_check(lo, hi, false, true); }
 
-void reject_empty_values(const CLI::App& app) {
-  for (const CLI::Option* o : app.get_options()) {
-    if (o->count() == 0 || o->get_type_size() == 0) continue;  // not given, or a flag
-    for (const std::string& r : o->results()) {
-      if (r.empty()) {
-        throw CLI::ValidationError(o->get_name(), "is empty (an unset shell variable?): give a value or leave "
-                                                  "the option out");
-      }
+void reject_empty_values(const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    std::string name;
+    if (a.rfind("--", 0) == 0 && a.size() > 2 && a.back() == '=' && a.find('=') == a.size() - 1) {
+      name = a.substr(0, a.size() - 1);  // --save= : CLI11 would take the next argument as the value
+    } else if (a.empty()) {
+      const bool after_option = i > 0 && args[i - 1].rfind("-", 0) == 0 && args[i - 1].find('=') == std::string::npos;
+      name = after_option ? args[i - 1] : "an argument";
+    } else {
+      continue;
     }
+    throw CLI::ValidationError(name, "is empty (an unset shell variable?): give a value or leave the option out");
   }
 }
 

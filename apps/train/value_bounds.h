@@ -6,6 +6,8 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace apps::train {
 
@@ -24,9 +26,11 @@ CLI::Validator real_below(double lo, double hi);
 /// "'VALUE' is not true or false (...)" instead of CLI11's "Could not convert".
 CLI::Validator boolean_word();
 
-/// Throws CLI::ValidationError for the first option of `app` given on the command line with an
-/// empty value (`--save ""`, most often an unset shell variable: `--save "$CKPT_DIR"`), which would
-/// otherwise read as the option not given. Flags without a value are skipped. Call after parse().
-void reject_empty_values(const CLI::App& app);
+/// Throws CLI::ValidationError naming the option of the first empty value among the command-line
+/// arguments `args` (argv without the program name): `--save ""` or `--save=`, most often an unset
+/// shell variable (`--save "$CKPT_DIR"`). CLI11 would read the first as the option left out and the
+/// second as "the value is the next argument" (`--save= --steps 5` saves into a directory named
+/// "--steps"). Call before parse().
+void reject_empty_values(const std::vector<std::string>& args);
 
 }  // namespace apps::train
