@@ -171,7 +171,7 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
   app.add_option("--name", f.name, "--calibrate: the profile's name")->group("Calibration");
 
   try {
-    apps::train::reject_empty_values(std::vector<std::string>(argv + (argc > 0 ? 1 : 0), argv + argc));
+    apps::train::reject_empty_values(app, std::vector<std::string>(argv + (argc > 0 ? 1 : 0), argv + argc));
     app.parse(argc, argv);
     if (f.calibrate && f.out.empty()) throw CLI::ValidationError("--calibrate", "needs --out PROFILE.json");
     if (!f.calibrate && (!f.out.empty() || !f.name.empty())) {

@@ -127,6 +127,9 @@ def test_flags(opts, tmp):
         flag = args[0].rstrip("=")
         expect_error(run(["--steps", "2", "--metrics", m] + args, 1, opts), 2, flag + ": is empty")
         check(not events(m, "step"), "%s: refused before step 1" % args)
+    # A typo or a flag without a value keeps its own message; the seed has bounds (no wrap of -1).
+    expect_error(run(["--steps", "2", "--sav", ""], 1, opts), 2, "an empty argument after '--sav'")
+    expect_error(run(["--steps", "2", "--seed", "-1"], 1, opts), 2, "--seed: -1 is outside [0, ")
     toml = os.path.join(tmp, "empty.toml")
     with open(toml, "w") as f:
         f.write('save = ""\nsteps = 2\n')

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <limits>
 
 #include "fsdp/accounting/budget.h"
 #include <sstream>
@@ -178,7 +179,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
                  "Max global L2 norm of the gradient (fsdp::clip_grad_norm); 0: no clipping")
       ->check(real_in(0, 1e12))->group("Optimisation");
   app.add_option("--seed", c.seed, "Seed of model init, data order and sampling")
-      ->group("Optimisation");
+      ->check(int_in(0, std::numeric_limits<int64_t>::max()))->group("Optimisation");
   app.add_option("--on-nonfinite", c.on_nonfinite,
                  "A NaN or inf loss or gradient norm on any rank: 'stop' (exit 1 naming the step "
                  "and the ranks, before the optimizer step: no checkpoint holds it) or 'skip' (drop "
@@ -284,7 +285,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
       ->group("Output");
 
   try {
-    reject_empty_values(std::vector<std::string>(argv + (argc > 0 ? 1 : 0), argv + argc));
+    reject_empty_values(app, std::vector<std::string>(argv + (argc > 0 ? 1 : 0), argv + argc));
     std::vector<std::string> file_args;
     std::string config_path = find_config_flag(argc, argv);
     if (!config_path.empty()) file_args = config_file_args(config_path, app);

@@ -75,19 +75,33 @@ CLI::Validator real_in(double lo, double hi, bool lo_open) { return real_check(l
 
 CLI::Validator real_below(double lo, double hi) { return real_check(lo, hi, false, true); }
 
-void reject_empty_values(const std::vector<std::string>& args) {
+void reject_empty_values(const CLI::App& app, const std::vector<std::string>& args) {
+  for (const std::string& a : args) {
+    if (a == "-h" || a == "--help") return;  // help wins
+  }
+  auto takes_value = [&](const std::string& name) {  // a known option with a value (not a flag)
+    const CLI::Option* o = app.get_option_no_throw(name);
+    return o != nullptr && o->get_expected_max() > 0;
+  };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    std::string name;
-    if (a.rfind("--", 0) == 0 && a.size() > 2 && a.back() == '=' && a.find('=') == a.size() - 1) {
-      name = a.substr(0, a.size() - 1);  // --save= : CLI11 would take the next argument as the value
+    const size_t eq = a.find('=');
+    if (a.rfind("--", 0) == 0 && eq != std::string::npos && eq + 1 == a.size()) {
+      // --save= : CLI11 would take the next argument as the value. An unknown name or a flag is
+      // left to CLI11's own message.
+      if (takes_value(a.substr(0, eq))) {
+        throw CLI::ValidationError(a.substr(0, eq), "is empty (an unset shell variable?): give a value or leave the "
+                                                    "option out");
+      }
     } else if (a.empty()) {
-      const bool after_option = i > 0 && args[i - 1].rfind("-", 0) == 0 && args[i - 1].find('=') == std::string::npos;
-      name = after_option ? args[i - 1] : "an argument";
-    } else {
-      continue;
+      const std::string before = i > 0 ? args[i - 1] : "";
+      if (before.rfind("-", 0) == 0 && before.find('=') == std::string::npos && takes_value(before)) {
+        throw CLI::ValidationError(before, "is empty (an unset shell variable?): give a value or leave the option "
+                                           "out");
+      }
+      throw CLI::ValidationError("an empty argument" + (i > 0 ? " after '" + before + "'" : std::string()),
+                                 "is not expected (an unset shell variable?)");
     }
-    throw CLI::ValidationError(name, "is empty (an unset shell variable?): give a value or leave the option out");
   }
 }
 

@@ -30,7 +30,9 @@ CLI::Validator boolean_word();
 /// arguments `args` (argv without the program name): `--save ""` or `--save=`, most often an unset
 /// shell variable (`--save "$CKPT_DIR"`). CLI11 would read the first as the option left out and the
 /// second as "the value is the next argument" (`--save= --steps 5` saves into a directory named
-/// "--steps"). Call before parse().
-void reject_empty_values(const std::vector<std::string>& args);
+/// "--steps"). Only options of `app` that take a value are named; an empty argument elsewhere is
+/// refused as not expected; unknown names and flags are left to CLI11. Nothing is checked when
+/// -h or --help is among the arguments. Call before parse().
+void reject_empty_values(const CLI::App& app, const std::vector<std::string>& args);
 
 }  // namespace apps::train
