@@ -79,9 +79,12 @@ void reject_empty_values(const CLI::App& app, const std::vector<std::string>& ar
   for (const std::string& a : args) {
     if (a == "-h" || a == "--help") return;  // help wins
   }
-  auto takes_value = [&](const std::string& name) {  // a known option with a value (not a flag)
+  // The option named `name` if it is one of app's that takes a value (not a flag, not unknown).
+  auto refuse_if_option = [&](const std::string& name) {
     const CLI::Option* o = app.get_option_no_throw(name);
-    return o != nullptr && o->get_expected_max() > 0;
+    if (o != nullptr && o->get_expected_max() > 0) {
+      throw CLI::ValidationError(name, "is empty (an unset shell variable?): give a value or leave the option out");
+    }
   };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -89,16 +92,10 @@ void reject_empty_values(const CLI::App& app, const std::vector<std::string>& ar
     if (a.rfind("--", 0) == 0 && eq != std::string::npos && eq + 1 == a.size()) {
       // --save= : CLI11 would take the next argument as the value. An unknown name or a flag is
       // left to CLI11's own message.
-      if (takes_value(a.substr(0, eq))) {
-        throw CLI::ValidationError(a.substr(0, eq), "is empty (an unset shell variable?): give a value or leave the "
-                                                    "option out");
-      }
+      refuse_if_option(a.substr(0, eq));
     } else if (a.empty()) {
       const std::string before = i > 0 ? args[i - 1] : "";
-      if (before.rfind("-", 0) == 0 && before.find('=') == std::string::npos && takes_value(before)) {
-        throw CLI::ValidationError(before, "is empty (an unset shell variable?): give a value or leave the option "
-                                           "out");
-      }
+      refuse_if_option(before);
       throw CLI::ValidationError("an empty argument" + (i > 0 ? " after '" + before + "'" : std::string()),
                                  "is not expected (an unset shell variable?)");
     }
