@@ -6,6 +6,7 @@
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/export.h"
 #include "fsdp/checkpoint/import_optimizer.h"
+#include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/comm/backend.h"
 #include "fsdp/comm/comm_context.h"
 #include "fsdp/comm/exposed_wait.h"

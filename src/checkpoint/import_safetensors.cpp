@@ -30,8 +30,8 @@ std::string shape_str(const std::vector<int64_t>& s) { return shard::shape_to_st
 
 }  // namespace
 
-void import_safetensors(const std::string& dir, const std::shared_ptr<torch::nn::Module>& root,
-                        const comm::ProcessGroupPtr& group, const SafetensorsImportOptions& options) {
+SafetensorsImportReport import_safetensors(const std::string& dir, const std::shared_ptr<torch::nn::Module>& root,
+                                           const comm::ProcessGroupPtr& group, const SafetensorsImportOptions& options) {
   FSDP_CHECK(group && root, ErrorKind::kInvalidArgument, (ErrorContext{-1, "", "import_safetensors"}),
              "null process group or root module");
   const std::string op = "import_safetensors '" + dir + "'";
@@ -39,13 +39,27 @@ void import_safetensors(const std::string& dir, const std::shared_ptr<torch::nn:
   Agreement agree(*group, op);
   std::unique_ptr<SafetensorsCheckpoint> ck;
   std::vector<Planned> plan;
+  SafetensorsImportReport report;
   uint64_t fingerprint = 0;
   agree.run("reading and validating", [&] {
     check_no_pending_gradients(root, who);
     ck = std::make_unique<SafetensorsCheckpoint>(dir);
     fingerprint = ck->fingerprint();
     std::set<std::string> taken;
+    std::set<const FSDPUnit*> pending;  // units still without values (a meta build)
+    for (const auto& u : units_of(root)) {
+      if (u->values_pending()) pending.insert(u.get());
+    }
     for (auto& v : param_views(root, *group, who)) {
+      if (options.leave && options.leave(v.name)) {
+        FSDP_CHECK(!pending.count(v.unit), ErrorKind::kInvalidArgument, who, "parameter '", v.name,
+                   "' is left to its value (SafetensorsImportOptions::leave), but its unit was built on the meta "
+                   "device and holds none yet: fsdp::materialize the model first (the import then overwrites the "
+                   "parameters it reads)");
+        report.left.push_back(v.name);
+        continue;
+      }
+      report.filled.push_back(v.name);
       SafetensorsSource src = options.source_of ? options.source_of(v.name) : SafetensorsSource{v.name, false};
       const std::string what = "parameter '" + v.name + "' (tensor '" + src.tensor + "')";
       FSDP_CHECK(ck->contains(src.tensor), ErrorKind::kInvalidArgument, who, what, " is missing from the checkpoint");
@@ -107,6 +121,7 @@ void import_safetensors(const std::string& dir, const std::shared_ptr<torch::nn:
     }
     invalidate_unsharded(root);
   });
+  return report;
 }
 
 void export_safetensors(const std::string& dir, const std::shared_ptr<torch::nn::Module>& root,
@@ -130,6 +145,7 @@ void export_safetensors(const std::string& dir, const std::shared_ptr<torch::nn:
     std::set<std::string> names;
     int64_t in_file = 0;
     for (const auto& sp : sharded_parameters(root)) {
+      if (options.skip && options.skip(sp.name)) continue;
       SafetensorsSource t = options.target_of ? options.target_of(sp.name) : SafetensorsSource{sp.name, false};
       FSDP_CHECK(names.insert(t.tensor).second, ErrorKind::kInvalidArgument, (ErrorContext{rank, "", op}),
                  "tensor name '", t.tensor, "' is given to two parameters (the second: '", sp.name, "')");
@@ -152,11 +168,13 @@ void export_safetensors(const std::string& dir, const std::shared_ptr<torch::nn:
     if (rank == 0) fs::create_directories(dir);
   });
   const bool split = options.max_file_bytes > 0 && files.size() > 1;
+  const std::string& stem = options.file_stem;
+  const std::string index_name = stem + ".safetensors.index.json";
   auto file_name = [&](size_t k) {
-    if (!split) return std::string("model.safetensors");
+    if (!split) return stem + ".safetensors";
     char buf[64];
-    std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", k + 1, files.size());
-    return std::string(buf);
+    std::snprintf(buf, sizeof(buf), "-%05zu-of-%05zu.safetensors", k + 1, files.size());
+    return stem + buf;
   };
   // Every rank takes part in every gather; rank 0 writes. A write failure on rank 0 is kept, the
   // gathers go on (its peers are in them), and the agreement below reports it on every rank.
@@ -177,7 +195,14 @@ void export_safetensors(const std::string& dir, const std::shared_ptr<torch::nn:
       at::Tensor full = gather_full_tensor(*it.sp.unit, *it.sp.param, /*grad=*/false);  // collective
       if (!writer || failed) continue;
       try {
-        at::Tensor t = it.target.transposed ? full.t() : full;
+        at::Tensor t = full;
+        if (options.value_of) {
+          t = options.value_of(it.sp.name, full);
+          FSDP_CHECK(t.sizes() == full.sizes(), ErrorKind::kInvalidArgument, (ErrorContext{rank, "", op}),
+                     "SafetensorsExportOptions::value_of gave parameter '", it.sp.name, "' the shape ",
+                     shard::shape_to_string(t.sizes().vec()), ", not its own ", shard::shape_to_string(full.sizes().vec()));
+        }
+        if (it.target.transposed) t = t.t();
         writer->append(it.target.tensor, t.to(at::kCPU, it.spec.dtype));
       } catch (const Error& e) {
         failed = e;
@@ -198,12 +223,12 @@ void export_safetensors(const std::string& dir, const std::shared_ptr<torch::nn:
     // checkpoint under a single file, or more files than now) would make it two checkpoints.
     std::set<std::string> written;
     for (size_t k = 0; k < files.size(); ++k) written.insert(file_name(k));
-    if (split) written.insert("model.safetensors.index.json");
+    if (split) written.insert(index_name);
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(dir, ec)) {
       const std::string name = entry.path().filename().string();
-      const bool weights = name == "model.safetensors" || name == "model.safetensors.index.json" ||
-                           (name.rfind("model-", 0) == 0 && name.size() > 12 &&
+      const bool weights = name == stem + ".safetensors" || name == index_name ||
+                           (name.rfind(stem + "-", 0) == 0 && name.size() > 12 &&
                             name.compare(name.size() - 12, 12, ".safetensors") == 0 &&
                             name.find("-of-") != std::string::npos);
       if (weights && !written.count(name)) {
@@ -223,7 +248,7 @@ void export_safetensors(const std::string& dir, const std::shared_ptr<torch::nn:
         }
       }
       const nlohmann::json index{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-      io::atomic_write_file((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2) + "\n", true);
+      io::atomic_write_file((fs::path(dir) / index_name).string(), index.dump(2) + "\n", true);
     }
     for (const auto& [name, contents] : options.extra_files) {
       io::atomic_write_file((fs::path(dir) / name).string(), contents, true);

@@ -34,6 +34,7 @@ std::vector<ParamView> param_views(const std::shared_ptr<torch::nn::Module>& roo
     ErrorContext at_unit = where;
     at_unit.unit = sp.unit->name();
     ParamView v{sp.name, sp.tensor, sp.param->shape};
+    v.unit = sp.unit;
     if (ug.size() == g.size()) {
       FSDP_CHECK(ug.rank() == g.rank(), ErrorKind::kUnsupported, at_unit,
                  "the unit ranks its group differently from the checkpoint group: ",

@@ -14,6 +14,10 @@
 #include "fsdp/common/check.h"
 #include "manifest.h"
 
+namespace fsdp {
+class FSDPUnit;
+}  // namespace fsdp
+
 namespace fsdp::checkpoint {
 
 /// One sharded parameter as a checkpoint sees it.
@@ -24,6 +28,7 @@ struct ParamView {
   int64_t row_begin = 0;       ///< first global row held here
   int64_t rows = 0;            ///< rows held here (0 on ranks past the end of dim 0)
   bool writer = false;         ///< this rank writes the rows (false for replicas other than 0)
+  const FSDPUnit* unit = nullptr;  ///< the unit that owns it
 };
 
 /// Throws fsdp::Error (kState, context `where`) naming the units under root that hold unreduced

@@ -214,13 +214,22 @@ void rethrow_forward_error(FSDPUnit& unit) {
   // Only a libtorch error that speaks of an empty tensor may come from reading another unit's
   // parameter outside its forward (resharded, it holds an empty tensor); any other error, the
   // user's own checks included, reaches the caller as it was thrown.
-  std::vector<std::string> held;
+  // Two causes: a unit module called directly (module(x), module->forward(x): its own forward never
+  // ran, so its parameters were never gathered), or a parameter of a unit that did run read after it
+  // resharded (a tied head). Units that ran no forward in this pass point to the first; units later
+  // in the pass look the same until they run, so both remedies are given.
+  std::vector<std::string> held, not_called;
   const bool noted = what.find("parameters of other units held no data") != std::string::npos;  // by a nested unit
   if (!what.empty() && !noted && mentions_empty_tensor(what) && unit.scheduler()) {
     for (const auto& u : unit.scheduler()->units()) {
       if (u.get() == &unit) continue;
+      const bool ran = unit.scheduler()->used_in_this_forward(u.get());
       for (const auto& p : u->params()) {
-        if (p.resharded()) held.push_back("'" + p.fqn + "' of unit '" + u->name() + "'");
+        if (!p.resharded()) continue;
+        held.push_back("'" + p.fqn + "' of unit '" + u->name() + "'");
+        if (!ran && (not_called.empty() || not_called.back() != "'" + u->name() + "'")) {
+          not_called.push_back("'" + u->name() + "'");
+        }
       }
     }
   }
@@ -228,14 +237,20 @@ void rethrow_forward_error(FSDPUnit& unit) {
   if (held.empty()) std::rethrow_exception(error);
   // Still a c10::Error (a loop's catch of libtorch errors holds), its message first.
   const std::string first_line = what.substr(0, what.find('\n'));
+  const std::string called_directly =
+      not_called.empty() ? ""
+                         : " Unit(s) " + join_first(not_called) + " ran no FSDP forward in this pass: a module that is "
+                           "an FSDP unit called directly (module(x) or module->forward(x)) is never gathered; call it "
+                           "through fsdp::call(module, args...) (or fsdp::call_checkpointed).";
   throw c10::Error(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
                    first_line + " [fsdp rank " + std::to_string(unit.where("forward").rank) + ", unit '" +
                    unit.name() + "' forward: an empty tensor while parameters of other units held no data "
                    "(outside its own forward a unit's parameters are resharded, shape [0]): " + join_first(held) +
-                   ". If the forward reads another unit's parameter directly (e.g. an output head tied to an "
-                   "embedding that is a unit of its own), let one unit own both modules (do not wrap the inner "
-                   "one), or shard the inner unit with reshard_after_forward=false, which keeps its parameters "
-                   "gathered from its forward to the end of its backward (its unsharded bytes for that span)]");
+                   "." + called_directly + " If the forward reads another unit's parameter directly (e.g. an output "
+                   "head tied to an embedding that is a unit of its own), let one unit own both modules (do not wrap "
+                   "the inner one), or shard the inner unit with reshard_after_forward=false, which keeps its "
+                   "parameters gathered from its forward to the end of its backward (its unsharded bytes for that "
+                   "span)]");
 }
 
 }  // namespace detail

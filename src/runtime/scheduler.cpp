@@ -101,6 +101,13 @@ comm::AbandonResult Scheduler::abandon_collectives(comm::AbandonedPass::Kind kin
   }
 }
 
+bool Scheduler::used_in_this_forward(const FSDPUnit* unit) const {
+  for (const auto& w : forward_order_) {
+    if (w.lock().get() == unit) return true;
+  }
+  return false;
+}
+
 void Scheduler::abandon_pending_pass(bool failed_here) {
   if (!backward_pending_) return;
   backward_pending_ = false;

@@ -43,6 +43,8 @@ class Scheduler : public std::enable_shared_from_this<Scheduler> {
   bool in_forward() const { return in_forward_; }
   /// Records a unit's use in this forward; returns its index in the forward order.
   int64_t record_use(FSDPUnit* unit);
+  /// Whether `unit` ran its forward (through fsdp::call) in the forward now running.
+  bool used_in_this_forward(const FSDPUnit* unit) const;
   /// Forward prefetch: issues the all-gather of the unit used after `index` in the last forward.
   void prefetch_next(int64_t index);
   /// The root's forward ends; with grad disabled every unit is resharded (inference).

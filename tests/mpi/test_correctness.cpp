@@ -73,6 +73,18 @@ struct TiedImpl : torch::nn::Module {
 };
 TORCH_MODULE(Tied);
 
+// --- a unit called directly: mid(h) instead of fsdp::call(mid, h) --------------------------------
+struct DirectImpl : torch::nn::Module {
+  DirectImpl() {
+    emb = register_module("emb", torch::nn::Embedding(11, 6));
+    mid = register_module("mid", torch::nn::Linear(6, 6));
+  }
+  at::Tensor forward(at::Tensor idx) { return mid(fsdp::call(emb, idx)); }  // mid is a unit of its own
+  torch::nn::Embedding emb{nullptr};
+  torch::nn::Linear mid{nullptr};
+};
+TORCH_MODULE(Direct);
+
 // --- experts: each its own unit; the routing may differ by rank -------------------------------
 struct ExpertsImpl : torch::nn::Module {
   explicit ExpertsImpl(bool same_size) {
@@ -195,7 +207,7 @@ TEST(Correctness, ZeroDimParametersShardAndTrain) {
 
 // The head reads the embedding unit's weight directly: by default (the embedding resharded after
 // its forward) every rank gets libtorch's error (still a c10::Error) with the parameter, the unit
-// and the remedies added;
+// and the remedies added; a unit module called directly (mid(h)) is named as one, with fsdp::call;
 // with reshard_after_forward=false on the embedding unit it trains as in one process.
 TEST(Correctness, ParameterUsedOutsideItsUnitsForward) {
   auto g = world();
@@ -216,6 +228,23 @@ TEST(Correctness, ParameterUsedOutsideItsUnitsForward) {
     }
     // The model can run again after the error (no state left half-way).
     EXPECT_THROW((void)fsdp::call(model, at::randint(0, 11, {2, 5})), c10::Error);
+  }
+  {  // A unit called directly (mid(h)): named as such, with fsdp::call as the remedy.
+    auto model = Direct().ptr();
+    fsdp::fully_shard(model->emb.ptr(), g, opts(S::kFullShard));
+    fsdp::fully_shard(model->mid.ptr(), g, opts(S::kFullShard));
+    fsdp::fully_shard(model, g, opts(S::kFullShard));
+    try {
+      (void)fsdp::call(model, at::randint(0, 11, {2, 5}));
+      ADD_FAILURE() << "a unit called without fsdp::call was accepted";
+    } catch (const c10::Error& e) {
+      const std::string msg = e.what_without_backtrace();
+      EXPECT_NE(msg.find("Unit(s) 'mid' ran no FSDP forward in this pass: a module that is an FSDP unit called "
+                         "directly (module(x) or module->forward(x)) is never gathered; call it through "
+                         "fsdp::call(module, args...)"),
+                std::string::npos)
+          << msg;
+    }
   }
   for (auto s : implemented_strategies()) {
     SCOPED_TRACE(fsdp::to_string(s));

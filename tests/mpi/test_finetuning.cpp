@@ -19,6 +19,7 @@
 #include "fsdp/accounting/memory.h"
 #include "fsdp/runtime/model_state.h"
 #include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/runtime/state_dict.h"
 #include "mpi_world.h"
 #include "shared_dir.h"
@@ -466,5 +467,72 @@ TEST(FineTuning, CheckpointWithUnreducedGradientsIsRefused) {
     F::mse_loss(fsdp::call(model, x.narrow(0, r * 2, 2)), y.narrow(0, r * 2, 2)).backward();
     opt.step();
     EXPECT_EQ(fsdp::checkpoint::save_sharded(ck, model, &opt, {}, g, named("after")), "after");
+  }
+}
+
+// The loader of a fine-tune over a pretrained base: import_safetensors fills the parameters the file
+// holds and leaves those options.leave names (the adapters) to their values, reporting both lists;
+// without leave a parameter missing from the file is an error naming it; a left parameter of a
+// unit built on the meta device (no values yet) is an error naming it and the fix. The export
+// side: skip leaves parameters out of the file, and value_of's tensor is what is written (of the
+// parameter's shape, or an error naming it).
+TEST(FineTuning, ImportFillsTheBaseAndLeavesNamedParametersToTheirValues) {
+  using namespace fsdp_test;
+  auto g = world();
+  const int N = g->size();
+  SharedDir dir("import-leave");
+  auto policy = [](const std::string& name, torch::nn::Module&) { return name.rfind('b', 0) == 0 && name.size() == 2; };
+  auto build = [&](uint64_t seed, at::Device device) {
+    torch::manual_seed(seed);
+    auto m = DevNet(16, 8, 12, 2, at::TensorOptions().device(device)).ptr();
+    if (!device.is_meta()) fsdp::init_parameters(*m, dev_net_init);
+    fsdp::fully_shard_tree(m, g, policy, options_for(fsdp::ShardingStrategy::kFullShard, N));
+    return m;
+  };
+  auto is_head = [](const std::string& p) { return p == "head.weight"; };
+  auto src = build(1, at::kCPU);
+  fsdp::checkpoint::SafetensorsExportOptions eo;
+  eo.skip = is_head;
+  eo.value_of = [](const std::string& p, const at::Tensor& full) { return p == "wte" ? full * 2 : full; };
+  fsdp::checkpoint::export_safetensors(dir.sub("base"), src, g, eo);
+  auto dst = build(2, at::kCPU);
+  const auto before = fsdp::full_state_dict(dst);
+  try {
+    fsdp::checkpoint::import_safetensors(dir.sub("base"), dst, g);
+    ADD_FAILURE() << "a parameter missing from the file was not refused";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 'head.weight' (tensor 'head.weight') is missing from the checkpoint"),
+              std::string::npos) << e.what();
+  }
+  fsdp::checkpoint::SafetensorsImportOptions io;
+  io.leave = is_head;
+  const auto report = fsdp::checkpoint::import_safetensors(dir.sub("base"), dst, g, io);
+  const std::vector<std::string> filled{"wte", "b0.norm", "b0.fc1.weight", "b0.fc1.bias", "b0.fc2.weight",
+                                        "b0.fc2.bias", "b1.norm", "b1.fc1.weight", "b1.fc1.bias", "b1.fc2.weight",
+                                        "b1.fc2.bias"};
+  EXPECT_EQ(report.filled, filled);
+  EXPECT_EQ(report.left, std::vector<std::string>{"head.weight"});
+  const auto want = fsdp::full_state_dict(src), got = fsdp::full_state_dict(dst);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const std::string& name = got[i].first;
+    const at::Tensor expect = name == "head.weight" ? before[i].second : name == "wte" ? want[i].second * 2 : want[i].second;
+    EXPECT_TRUE(at::equal(got[i].second, expect)) << name << (name == "head.weight" ? " (left)" : " (filled)");
+  }
+  eo.value_of = [](const std::string&, const at::Tensor& full) { return full.t(); };
+  try {
+    fsdp::checkpoint::export_safetensors(dir.sub("bad"), src, g, eo);
+    ADD_FAILURE() << "value_of's tensor of another shape was not refused";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("value_of gave parameter 'wte' the shape [8, 16], not its own [16, 8]"),
+              std::string::npos) << e.what();
+  }
+  auto meta = build(3, at::kMeta);
+  try {
+    fsdp::checkpoint::import_safetensors(dir.sub("base"), meta, g, io);
+    ADD_FAILURE() << "a left parameter without values was not refused";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 'head.weight' is left to its value"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fsdp::materialize the model first"), std::string::npos) << e.what();
   }
 }

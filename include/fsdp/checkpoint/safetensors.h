@@ -151,6 +151,18 @@ struct SafetensorsImportOptions {
   /// attention-mask buffers, the copy of a tied head). Any other tensor no parameter takes is an
   /// error. Unset: none.
   std::function<bool(const std::string& tensor)> ignore;
+  /// True for a parameter of the model that the checkpoint does not hold and that keeps the value
+  /// it has (adapters added over a pretrained base: LoRA's A and B, initialised before the import).
+  /// Such a parameter is not looked up, and its unit must already hold values (built off the meta
+  /// device, or fsdp::materialize'd first). Unset: none; every parameter must have a source.
+  std::function<bool(const std::string& param)> leave;
+};
+
+/// What import_safetensors did, the same on every rank: parameter names (fully qualified from the
+/// root, as fsdp::sharded_parameters names them), in the model's order.
+struct SafetensorsImportReport {
+  std::vector<std::string> filled;  ///< read from the checkpoint
+  std::vector<std::string> left;    ///< left to their values (SafetensorsImportOptions::leave)
 };
 
 /// Loads a safetensors checkpoint directory (SafetensorsCheckpoint: model.safetensors, or the
@@ -174,8 +186,11 @@ struct SafetensorsImportOptions {
 /// order as its other collectives); the checkpoint must be readable by every rank (a shared file
 /// system, or a copy per host), and the same on every rank: the ranks compare the fingerprints of
 /// what they opened (SafetensorsCheckpoint::fingerprint, one all-gather) and refuse different copies
-/// (kInvalidArgument naming the ranks).
-void import_safetensors(const std::string& dir, const std::shared_ptr<torch::nn::Module>& root,
+/// (kInvalidArgument naming the ranks). Parameters that options.leave names are not read (and no
+/// tensor of the checkpoint may be their source: it would be unexpected, as above); their units
+/// must hold values already, or kInvalidArgument names the parameter. Returns what was filled and
+/// what was left.
+SafetensorsImportReport import_safetensors(const std::string& dir, const std::shared_ptr<torch::nn::Module>& root,
                         const comm::ProcessGroupPtr& group, const SafetensorsImportOptions& options = {});
 
 /// How export_safetensors names and lays out a model's parameters.
@@ -190,11 +205,22 @@ struct SafetensorsExportOptions {
   /// model.safetensors.index.json, as save_pretrained does; a tensor larger than it gets a file of
   /// its own); 0: one model.safetensors.
   int64_t max_file_bytes = 0;
+  /// The weight files' names: STEM.safetensors, or STEM-0000k-of-0000n.safetensors and
+  /// STEM.safetensors.index.json ("adapter_model": PEFT's adapter file).
+  std::string file_stem = "model";
   /// The files' "__metadata__" ({"format": "pt"}: what transformers expects).
   std::map<std::string, std::string> metadata{{"format", "pt"}};
   /// Other small files rank 0 writes into the directory beside the weights (e.g. config.json),
   /// file name -> contents, each atomically.
   std::map<std::string, std::string> extra_files;
+  /// True for a parameter that is not written (LoRA's adapters when their update is merged into
+  /// the base weights by value_of). Unset: every parameter is written.
+  std::function<bool(const std::string& param)> skip;
+  /// The tensor written for parameter `param`, given its full tensor (the model's layout, before
+  /// any transpose of target_of): e.g. a base weight with its adapter's update merged in. Called
+  /// on rank 0 only, once per parameter written, in order; it must not communicate, and must return
+  /// the same shape (kInvalidArgument otherwise). Unset: the tensor itself.
+  std::function<at::Tensor(const std::string& param, const at::Tensor& full)> value_of;
 };
 
 /// Writes the model under root to the directory `dir` (created if missing) as a safetensors
@@ -205,7 +231,7 @@ struct SafetensorsExportOptions {
 /// goes through a temporary and a rename; the index and extra files are written last, so a
 /// failed export never leaves a loadable but partial checkpoint. Weight files of an earlier export
 /// into `dir` that this one did not overwrite (model.safetensors, model-*-of-*.safetensors, the
-/// index) are removed, as save_pretrained does; other files stay. Collective and blocking over
+/// index; of options.file_stem) are removed, as save_pretrained does; other files stay. Collective and blocking over
 /// `group`: every rank calls it. Throws fsdp::Error on every rank when rank 0 cannot write (kIo,
 /// naming the file) or a name repeats (kInvalidArgument).
 void export_safetensors(const std::string& dir, const std::shared_ptr<torch::nn::Module>& root,
