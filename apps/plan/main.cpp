@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
     const fsdp::planner::Plan plan = fsdp::planner::make_plan(in);
     if (launcher_rank() == 0) {
       std::cout << (flags->json ? fsdp::planner::plan_to_json(plan)
-                                : apps::plan::format_plan(plan, flags->compute_efficiency.has_value()));
+                                : apps::plan::format_plan(plan, {flags->compute_efficiency.has_value(),
+                                                                 flags->profile_given, flags->ranks_per_node > 0}));
     }
     return 0;
   } catch (const apps::plan::UsageError& e) {

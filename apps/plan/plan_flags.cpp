@@ -83,11 +83,20 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
   app.add_option("--block-size", f.block_size, "Override the context length in tokens (0: keep)")
       ->check(non_negative)->group("Model");
   app.add_option("--vocab-size", f.vocab_size,
-                 "Vocabulary size in tokens (0: 8192 for the GPTs, as fsdp-train's tokenizer; 32000 for Llama-2)")
+                 "Vocabulary size in tokens (0: the preset's, as --dry-run: GPT-2's 50257 for gpt2*, 32000 for llama2-*, "
+                 "8192 (fsdp-train's default tokenizer) for nano, micro and llama-tiny)")
       ->check(non_negative)->group("Model");
   app.add_option("--attention", f.attention, "GPT attention kernel, as fsdp-train's --attention")
       ->check(CLI::IsMember({"auto", "flash", "math"}))->group("Model");
 
+  app.add_option("--lora-rank", f.lora_rank,
+                 "Plan a LoRA fine-tune: adapters of this rank on --lora-target-modules, every other parameter "
+                 "frozen (no grads, no optimizer state), as fsdp-train's --lora-rank (0: a full fine-tune)")
+      ->check(int_in(0, 1 << 16))->group("Model");
+  app.add_option("--lora-target-modules", f.lora_target_modules,
+                 "Comma-separated layer names that get an adapter (c_attn; q_proj,v_proj; all-linear); default: "
+                 "PEFT's for the family (GPT-2 c_attn, Llama q_proj,v_proj)")
+      ->group("Model");
   app.add_option("--world-size", f.world_size, "Ranks (GPUs or processes) in the data-parallel group")
       ->check(int_in(1, int64_t(1) << 20))->group("Parallelism");
   app.add_option("--ranks-per-node", f.ranks_per_node, "Ranks per node (0: the profile's)")
@@ -173,6 +182,7 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
   try {
     apps::train::reject_empty_values(app, std::vector<std::string>(argv + (argc > 0 ? 1 : 0), argv + argc));
     app.parse(argc, argv);
+    f.profile_given = app.count("--profile") > 0;
     if (f.calibrate && f.out.empty()) throw CLI::ValidationError("--calibrate", "needs --out PROFILE.json");
     if (!f.calibrate && (!f.out.empty() || !f.name.empty())) {
       throw CLI::ValidationError("--out/--name", "apply to --calibrate only");
@@ -193,7 +203,31 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
   return f;
 }
 
+namespace {
+
+// The preset or shape of f, before any LoRA adapters.
+fp::ModelSpec base_model(const PlanFlags& f);
+
+}  // namespace
+
 fp::ModelSpec resolve_model(const PlanFlags& f) {
+  if (f.lora_rank == 0) {
+    if (!f.lora_target_modules.empty()) throw UsageError("--lora-target-modules needs --lora-rank R");
+    return base_model(f);
+  }
+  if (!f.params.empty()) {
+    throw UsageError("--lora-rank needs a model with layers to adapt (--model), not --params");
+  }
+  try {
+    return fp::with_lora(base_model(f), f.lora_rank, fp::split_lora_targets(f.lora_target_modules));
+  } catch (const fsdp::Error& e) {
+    throw UsageError("--lora-*: " + e.message());
+  }
+}
+
+namespace {
+
+fp::ModelSpec base_model(const PlanFlags& f) {
   if (!f.params.empty()) {
     if (f.n_layer || f.n_head || f.n_kv_head || f.n_embd || f.ffn_hidden || f.block_size || f.vocab_size) {
       throw UsageError("--params describes a model by its count alone: shape overrides do not apply");
@@ -217,7 +251,7 @@ fp::ModelSpec resolve_model(const PlanFlags& f) {
     throw UsageError("--n-kv-head and --ffn-hidden apply to the Llama-2 presets (fsdp-train's GPT has "
                      "n_head key/value heads and a 4 x n_embd MLP)");
   }
-  fp::GptShape s = fp::gpt_shape(f.model, f.vocab_size ? f.vocab_size : 8192);
+  fp::GptShape s = fp::gpt_shape(f.model, f.vocab_size ? f.vocab_size : fp::preset_vocab_size(f.model));
   if (f.n_layer) s.n_layer = f.n_layer;
   if (f.n_head) s.n_head = f.n_head;
   if (f.n_embd) s.n_embd = f.n_embd;
@@ -228,6 +262,8 @@ fp::ModelSpec resolve_model(const PlanFlags& f) {
   }
   return fp::gpt_model(s, f.model);
 }
+
+}  // namespace
 
 fp::PlanInputs resolve_inputs(const PlanFlags& f) {
   fp::PlanInputs in;

@@ -24,6 +24,8 @@ struct PlanFlags {
   int64_t n_layer = 0, n_head = 0, n_kv_head = 0, n_embd = 0, ffn_hidden = 0, block_size = 0;
   int64_t vocab_size = 0;      ///< 0: 8192 for GPT presets (fsdp-train's tokenizer), 32000 for Llama-2
   std::string attention = "auto";
+  int64_t lora_rank = 0;            ///< > 0: a LoRA fine-tune (fsdp::planner::with_lora), as fsdp-train's flag
+  std::string lora_target_modules;  ///< comma-separated; "" the family's default
   // Parallelism
   int64_t world_size = 1;
   int64_t ranks_per_node = 0;  ///< 0: the profile's
@@ -42,6 +44,7 @@ struct PlanFlags {
   int64_t checkpoint_every = 1;  ///< with --activation-checkpointing: every k-th block only
   // Machine
   std::string profile = "h100";
+  bool profile_given = false;  ///< --profile was on the command line (the report notes the default)
   std::string memory_per_rank;  ///< "80GB"; "" = the profile's
   double headroom = fsdp::planner::kDefaultHeadroom;
   std::optional<double> compute_efficiency;

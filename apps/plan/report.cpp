@@ -1,5 +1,6 @@
 #include "plan/report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <vector>
@@ -142,7 +143,38 @@ std::string split_line(const fp::Plan& p) {
 
 }  // namespace
 
-std::string format_plan(const fp::Plan& p, bool compute_efficiency_given) {
+std::string wrap_lines(const std::string& text, size_t width) {
+  std::istringstream in(text);
+  std::ostringstream out;
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t indent = line.find_first_not_of(' ') == std::string::npos ? 0 : line.find_first_not_of(' ');
+    if (line.find("  ", indent) != std::string::npos) {  // a table row (columns two spaces apart): kept whole
+      out << line << "\n";
+      continue;
+    }
+    std::string rest = line;
+    bool first = true;
+    while (rest.size() > width) {
+      size_t cut = rest.rfind(' ', width);
+      const size_t lead = first ? indent : indent + 2;
+      if (cut == std::string::npos || cut <= lead) cut = rest.find(' ', width);  // a long word stays whole
+      if (cut == std::string::npos) break;
+      out << rest.substr(0, cut) << "\n";
+      rest = std::string(indent + 2, ' ') + rest.substr(rest.find_first_not_of(' ', cut) == std::string::npos
+                                                             ? rest.size()
+                                                             : rest.find_first_not_of(' ', cut));
+      first = false;
+    }
+    out << rest << "\n";
+  }
+  std::string s = out.str();
+  if (!text.empty() && text.back() != '\n' && !s.empty()) s.pop_back();
+  return s;
+}
+
+std::string format_plan(const fp::Plan& p, const GivenInputs& given) {
+  const bool compute_efficiency_given = given.compute_efficiency;
   const fp::PlanInputs& in = p.inputs;
   const fp::ModelSpec& m = in.model;
   const fp::StepSetup& st = in.step;
@@ -153,6 +185,14 @@ std::string format_plan(const fp::Plan& p, bool compute_efficiency_given) {
   os << "fsdp-plan: " << m.name << ", " << count(m.num_params()) << " params (" << L << " block units of "
      << count(block) << " + root " << count(m.units.empty() ? 0 : m.units[0].numel()) << "), "
      << fp::to_string(st.optimizer) << ", " << fp::to_string(st.precision) << "\n";
+  int64_t trainable = 0;
+  for (const auto& u : m.units) trainable += u.trainable_numel();
+  if (trainable < m.num_params()) {
+    os << "  trainable: " << count(trainable) << " params ("
+       << num(100.0 * static_cast<double>(trainable) / static_cast<double>(m.num_params()), "%.3g")
+       << "%; adapters over a frozen base); a frozen param holds its fp32 master rows only (4 B), no grads or "
+          "optimizer state\n";
+  }
   const int64_t N = in.world_size, rpn = p.ranks_per_node;
   os << "  N = " << N << " ranks";
   if (N > rpn) os << " (" << (N + rpn - 1) / rpn << " nodes x " << rpn << ")";
@@ -162,6 +202,15 @@ std::string format_plan(const fp::Plan& p, bool compute_efficiency_given) {
      << (st.activation_checkpointing ? ", activation checkpointing" : "")
      << (st.checkpoint_every > 1 ? " of every " + ordinal(st.checkpoint_every) + " block" : "") << "\n";
   os << "  profile " << in.profile.name << (in.profile.description.empty() ? "" : ": " + in.profile.description) << "\n";
+  if (!given.profile) {
+    os << "  note: no --profile given, so this plans GPUs of the built-in " << in.profile.name
+       << "; for CPU ranks measure your machine (mpirun -n 2 build/bin/fsdp-plan --calibrate --out cpu.json) and plan "
+          "with --profile cpu.json\n";
+  }
+  if (!given.ranks_per_node && N > rpn) {
+    os << "  note: " << N << " ranks span " << (N + rpn - 1) / rpn << " nodes because the profile's node holds " << rpn
+       << " ranks; --ranks-per-node says how many run on one host of yours\n";
+  }
   os << "  compute: " << compute_line(in.profile, st.precision, m.arch.n_embd, compute_efficiency_given) << "\n";
   os << "  memory per rank " << b(static_cast<double>(p.memory_per_rank_bytes)) << ", usable "
      << b(static_cast<double>(p.usable_bytes)) << " (" << num(in.headroom * 100, "%.0f") << "% headroom); bytes of rank "
@@ -173,40 +222,56 @@ std::string format_plan(const fp::Plan& p, bool compute_efficiency_given) {
      << "\n\n";
   os << split_line(p) << "\n";
 
-  Table mem({"strategy", "params", "grads", "optimizer", "full params", "state", "| peak:", "full params", "full grads",
-             "activations", "logits", "peak", "at", "fits"});
+  // Four tables of at most 100 columns: model state, peak, traffic, time.
+  Table state({"strategy", "params", "grads", "optimizer", "full params", "state"});
+  Table peak({"strategy", "full params", "full grads", "activations", "logits", "peak", "fits"});
+  std::vector<std::pair<std::string, std::string>> moments;  // (moment, the strategies peaking then)
   for (const auto& s : p.strategies) {
     const fp::PeakBytes& k = s.peak;
-    mem.add({s.parallelism.label(), b(s.state.sharded_param_bytes), b(s.state.sharded_grad_bytes),
-             b(s.state.optim_state_bytes), b(s.state.resident_unsharded_param_bytes), b(s.state.total_bytes()), "|",
-             b(k.unsharded_param_bytes), b(k.unsharded_grad_bytes),
-             k.activations_known ? b(k.activation_bytes) : "n/a", k.activations_known ? b(k.loss_transient_bytes) : "n/a",
-             b(k.peak_bytes), k.moment, s.fits ? "yes" : "no"});
+    state.add({s.parallelism.label(), b(s.state.sharded_param_bytes), b(s.state.sharded_grad_bytes),
+               b(s.state.optim_state_bytes), b(s.state.resident_unsharded_param_bytes), b(s.state.total_bytes())});
+    peak.add({s.parallelism.label(), b(k.unsharded_param_bytes), b(k.unsharded_grad_bytes),
+              k.activations_known ? b(k.activation_bytes) : "n/a", k.activations_known ? b(k.loss_transient_bytes) : "n/a",
+              b(k.peak_bytes), s.fits ? "yes" : "no"});
+    auto it = std::find_if(moments.begin(), moments.end(), [&](const auto& m) { return m.first == k.moment; });
+    if (it == moments.end()) moments.emplace_back(k.moment, s.parallelism.label());
+    else it->second += ", " + s.parallelism.label();
   }
   os << "Memory per rank. Model state after an optimizer step (params: fp32 master rows incl. padding; full params: "
-        "kept between steps);\n"
-        "peak: the largest moment of a step (state + transient full params and grads + activations + logits "
-        "gradients)\n"
-     << mem.str() << "\n";
+        "kept between steps):\n"
+     << state.str() << "\n"
+     << "Peak: the largest moment of a step (state + transient full params and grads + activations + logits "
+        "gradients), and when it comes:\n"
+     << peak.str();
+  os << "  at:";
+  for (size_t i = 0; i < moments.size(); ++i) {
+    os << (i ? ";" : "") << " " << moments[i].first << " (" << moments[i].second << ")";
+  }
+  os << "\n\n";
 
-  Table t({"strategy", "all-gather", "reduce-scatter", "all-reduce", "sent/rank", "compute", "update", "copies", "comm",
-           "exposed", "step", "tokens/s", "per rank", "MFU", "HFU"});
+  Table traffic({"strategy", "all-gather", "reduce-scatter", "all-reduce", "sent/rank"});
+  Table t({"strategy", "compute", "update", "copies", "comm", "exposed", "step"});
+  Table rate({"strategy", "step", "tokens/s", "per rank", "MFU", "HFU"});
   auto kind = [](const fp::KindTotals& k) {
     return k.calls == 0 ? std::string("-") : std::to_string(k.calls) + " x, " + fp::format_bytes(static_cast<double>(k.logical_bytes));
   };
   for (const auto& s : p.strategies) {
-    t.add({s.parallelism.label(), kind(s.traffic.all_gather), kind(s.traffic.reduce_scatter), kind(s.traffic.all_reduce),
-           b(s.traffic.wire_bytes()), seconds(s.time.compute_s), seconds(s.time.update_s), seconds(s.time.copy_s),
-           seconds(s.time.comm_s), seconds(s.time.exposed_comm_s),
-           seconds(s.time.step_s), num(s.time.tokens_per_s, "%.3g"),
-           num(s.time.tokens_per_s / static_cast<double>(N), "%.4g"), num(100 * s.time.mfu, "%.1f%%"),
-           num(100 * s.time.hfu, "%.1f%%")});
+    traffic.add({s.parallelism.label(), kind(s.traffic.all_gather), kind(s.traffic.reduce_scatter),
+                 kind(s.traffic.all_reduce), b(s.traffic.wire_bytes())});
+    t.add({s.parallelism.label(), seconds(s.time.compute_s), seconds(s.time.update_s), seconds(s.time.copy_s),
+           seconds(s.time.comm_s), seconds(s.time.exposed_comm_s), seconds(s.time.step_s)});
+    rate.add({s.parallelism.label(), seconds(s.time.step_s), num(s.time.tokens_per_s, "%.3g"),
+              num(s.time.tokens_per_s / static_cast<double>(N), "%.4g"), num(100 * s.time.mfu, "%.1f%%"),
+              num(100 * s.time.hfu, "%.1f%%")});
   }
-  os << "Traffic per step (calls, logical bytes as CommStats counts them; sent/rank: ring bytes each rank sends) and "
-        "estimated time (compute: forward + backward; update: grad norm and clip, optimizer step, zeroing; copies: "
-        "the engine's casts, unshard and gradient copies; MFU, HFU: model FLOPs (no recompute) and hardware FLOPs "
-        "(recompute included) per second over the profile's matmul peak)\n"
-     << t.str();
+  os << "Traffic per step (calls, logical bytes as CommStats counts them; sent/rank: ring bytes each rank sends):\n"
+     << traffic.str() << "\n"
+     << "Estimated time per step (compute: forward + backward; update: grad norm and clip, optimizer step, zeroing; "
+        "copies: the engine's casts, unshard and gradient copies; comm: busy, and exposed: not hidden by compute):\n"
+     << t.str() << "\n"
+     << "Throughput (MFU, HFU: model FLOPs (no recompute) and hardware FLOPs (recompute included) per second over "
+        "the profile's matmul peak):\n"
+     << rate.str();
   if (!p.strategies.empty() && !p.strategies.front().peak.activations_known) {
     os << "(a parameter-count model: no activations; FLOPs 6 x params x tokens)\n";
   }
@@ -220,7 +285,7 @@ std::string format_plan(const fp::Plan& p, bool compute_efficiency_given) {
   if (r.activation_checkpointing) os << ", with activation checkpointing";
   os << "\n  why: " << r.reason << ".\n";
   for (const std::string& note : p.notes) os << "Note: " << note << ".\n";
-  return os.str();
+  return wrap_lines(os.str());
 }
 
 }  // namespace apps::plan

@@ -312,8 +312,8 @@ TEST(Llama, PresetsHaveThePublicParameterCounts) {
   EXPECT_EQ(n, 68976648192);
   torch::manual_seed(0);
   apps::models::Llama tiny(apps::models::llama_preset("llama-tiny"));
-  at::Tensor logits = tiny->forward(at::randint(0, 512, {2, 9}, at::kLong));
-  EXPECT_EQ(logits.sizes(), (at::IntArrayRef{2, 9, 512}));
+  at::Tensor logits = tiny->forward(at::randint(0, 8192, {2, 9}, at::kLong));
+  EXPECT_EQ(logits.sizes(), (at::IntArrayRef{2, 9, 8192}));
   EXPECT_TRUE(logits.isfinite().all().item<bool>());
 }
 

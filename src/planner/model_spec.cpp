@@ -1,5 +1,7 @@
 #include "fsdp/planner/model_spec.h"
 
+#include <algorithm>
+
 #include "fsdp/common/check.h"
 
 namespace fsdp::planner {
@@ -133,9 +135,9 @@ LlamaShape llama_shape(const std::string& preset) {
     l.n_kv_head = kv_heads;
     l.ffn_hidden = ffn;
   };
-  if (preset == "llama-tiny") {  // fsdp-train's test model: vocab 512, context 256
+  if (preset == "llama-tiny") {  // fsdp-train's test model: the default tokenizer's 8192 tokens, context 256
     set(64, 2, 4, 2, 172);
-    l.vocab_size = 512;
+    l.vocab_size = 8192;
     l.context = 256;
   } else if (preset == "llama2-7b") set(4096, 32, 32, 32, 11008);
   else if (preset == "llama2-13b") set(5120, 40, 40, 40, 13824);
@@ -145,6 +147,12 @@ LlamaShape llama_shape(const std::string& preset) {
                 str_cat("unknown Llama preset '", preset, "' (known: ", join(llama_preset_names()), ")"));
   }
   return l;
+}
+
+int64_t preset_vocab_size(const std::string& preset) {
+  const auto gpt = gpt_preset_names();
+  if (std::find(gpt.begin(), gpt.end(), preset) != gpt.end()) return preset.rfind("gpt2", 0) == 0 ? 50257 : 8192;
+  return llama_shape(preset).vocab_size;  // throws for an unknown name
 }
 
 ModelSpec llama_model(const LlamaShape& s, const std::string& name) {

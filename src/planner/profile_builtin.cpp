@@ -15,8 +15,9 @@ namespace {
 // The latencies are NCCL's own cost model for its Simple protocol (the one large messages use):
 // a fixed cost per collective and one per ring step on NVLink or on the network. The achieved
 // efficiency per precision is the published MFU of dense transformer training on that GPU (bf16;
-// fp16 runs on the same Tensor Core peak and takes the bf16 figure; fp32 has no published figure
-// and stays at the peak, a lower bound on the step). [Note: collectives across nodes] in
+// fp16 runs on the same Tensor Core peak and takes the bf16 figure). fp32 has no published figure:
+// it takes the bf16 fraction of its own (non-tensor) peak, an assumption the sources name, rather
+// than the bare peak, which no training step reaches (a plan at 98% MFU). [Note: collectives across nodes] in
 // time_model.cpp for how the NICs are used.
 constexpr double kNcclBaseLatencyS = 8.4e-6, kNcclNvlinkHopS = 3.4e-6, kNcclNetHopS = 9.6e-6;
 const char* const kNcclLatencySource =
@@ -48,7 +49,8 @@ DeviceProfile dgx(const std::string& name) {
         "PyTorch at IBM and at Meta, 'Maximizing training throughput using PyTorch FSDP' (pytorch.org blog, "
         "2024), table 1: 7,500 / 1,550 / 800 tokens/s per GPU for Llama 2 7B / 34B / 70B on 96 H100 80GB, "
         "800 Gb/s per node, 2 x 4096 tokens per GPU; the fraction of the peak that reproduces them "
-        "(docs/planner.md \"Profiles\")"};
+        "(docs/planner.md \"Profiles\"); fp32, which has no published figure, assumed at the same fraction of "
+        "its own peak"};
     p.sources.push_back("NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: GPU memory bandwidth 3.35TB/s (the step "
                         "update's time: its bytes per element at this rate; the engine's copies at this rate)");
     hbm_bytes_per_s = 3.35e12;
@@ -56,7 +58,7 @@ DeviceProfile dgx(const std::string& name) {
     p.matmul_flops_per_s_bf16 = 989.5e12;
     p.matmul_flops_per_s_fp16 = 989.5e12;
     p.achieved_efficiency_bf16.points = {{4096, 0.344}, {8192, 0.466}};
-    p.achieved_efficiency_fp16 = p.achieved_efficiency_bf16;
+    p.achieved_efficiency_fp16 = p.achieved_efficiency_fp32 = p.achieved_efficiency_bf16;
     nvlink.bandwidth_bytes_per_s = 450e9;
     ib.bandwidth_bytes_per_s = 50e9;
   } else {
@@ -72,7 +74,8 @@ DeviceProfile dgx(const std::string& name) {
         "PyTorch at IBM and at Meta, 'Maximizing training throughput using PyTorch FSDP' (pytorch.org blog, "
         "2024), table 1: 3,700 / 700 / 370 tokens/s per GPU for Llama 2 7B / 34B / 70B on 128 A100 80GB, "
         "400 Gb/s per node, 2 x 4096 tokens per GPU; the fraction of the peak that reproduces them "
-        "(docs/planner.md \"Profiles\")"};
+        "(docs/planner.md \"Profiles\"); fp32, which has no published figure, assumed at the same fraction of "
+        "its own peak"};
     p.sources.push_back("NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM: GPU memory bandwidth 2,039GB/s (the "
                         "step update's time: its bytes per element at this rate; the engine's copies at this rate)");
     hbm_bytes_per_s = 2.039e12;
@@ -80,7 +83,7 @@ DeviceProfile dgx(const std::string& name) {
     p.matmul_flops_per_s_bf16 = 312e12;
     p.matmul_flops_per_s_fp16 = 312e12;
     p.achieved_efficiency_bf16.points = {{4096, 0.533}, {8192, 0.670}};
-    p.achieved_efficiency_fp16 = p.achieved_efficiency_bf16;
+    p.achieved_efficiency_fp16 = p.achieved_efficiency_fp32 = p.achieved_efficiency_bf16;
     nvlink.bandwidth_bytes_per_s = 300e9;
     ib.bandwidth_bytes_per_s = 25e9;
   }

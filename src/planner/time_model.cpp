@@ -35,18 +35,24 @@ UnitFlops unit_flops(const ModelSpec& model, int64_t unit, const StepSetup& setu
   const Architecture& A = model.arch;
   const double tau = static_cast<double>(setup.micro_batch_size * setup.seq_len);
   UnitFlops f;
+  double matmul = 0.0, attention = 0.0;  // forward FLOPs of the weight products and of attention
   if (A.kind == BlockKind::kNone) {
-    f.forward = 2.0 * static_cast<double>(model.units[unit].numel()) * tau;
+    matmul = 2.0 * static_cast<double>(model.units[unit].numel()) * tau;
   } else if (unit == 0) {
-    f.forward = 2.0 * static_cast<double>(A.vocab_size * A.n_embd) * tau;  // the head
+    matmul = 2.0 * static_cast<double>(A.vocab_size * A.n_embd) * tau;  // the head
   } else {
     const double per_block = static_cast<double>(model.matmul_params() - A.vocab_size * A.n_embd) /
                              static_cast<double>(A.n_layer);
     // Causal attention: query i meets i keys; QK^T and AV cost 2 x 2C x T(T+1)/2 per sequence.
-    const double attention = 2.0 * static_cast<double>(A.n_embd) * static_cast<double>(setup.seq_len + 1) * tau;
-    f.forward = 2.0 * per_block * tau + attention;
+    attention = 2.0 * static_cast<double>(A.n_embd) * static_cast<double>(setup.seq_len + 1) * tau;
+    matmul = 2.0 * per_block * tau;
   }
-  f.backward = 2.0 * f.forward;
+  f.forward = matmul + attention;
+  // Backward: the input gradient of every product, and the weight gradient of the trainable share
+  // only (a frozen base computes none: a LoRA fine-tune's backward is about one forward).
+  const UnitSpec& u = model.units[unit];
+  const double trainable = u.numel() > 0 ? static_cast<double>(u.trainable_numel()) / static_cast<double>(u.numel()) : 1.0;
+  f.backward = matmul * (1.0 + trainable) + 2.0 * attention;
   if (setup.checkpoints_block(unit)) {  // units[u] is block u
     f.recompute = f.forward;
     f.backward += f.recompute;

@@ -195,7 +195,8 @@ TEST(PlannerFlops, EfficiencyMfuAndHfu) {
   EXPECT_DOUBLE_EQ(h100.flops_per_s(fp::Precision::kBf16, 4096), 989.5e12 * 0.344);
   EXPECT_DOUBLE_EQ(h100.flops_per_s(fp::Precision::kFp16, 8192), 989.5e12 * 0.466);
   EXPECT_DOUBLE_EQ(h100.flops_per_s(fp::Precision::kBf16, 768), 989.5e12 * 0.344) << "below the narrowest: its figure";
-  EXPECT_DOUBLE_EQ(h100.flops_per_s(fp::Precision::kFp32, 4096), 67e12) << "no published fp32 figure: the peak";
+  EXPECT_DOUBLE_EQ(h100.flops_per_s(fp::Precision::kFp32, 4096), 67e12 * 0.344)
+      << "no published fp32 figure: bf16's fraction of the fp32 peak, not the bare peak";
   EXPECT_DOUBLE_EQ(a100.flops_per_s(fp::Precision::kBf16, 4096), 312e12 * 0.533);
   EXPECT_DOUBLE_EQ(a100.flops_per_s(fp::Precision::kBf16, 16384), 312e12 * 0.670) << "above the widest: its figure";
   // Between them 1/E is linear in 1/C: Llama 2 13B's 1/5120 lies (1/4096 - 1/5120) / (1/4096 -
@@ -353,7 +354,8 @@ TEST(PlannerProfileFile, NewKeysAreOptionalAndRoundTrip) {
   ASSERT_EQ(back.achieved_efficiency_bf16.points.size(), 2u);
   EXPECT_EQ(back.achieved_efficiency_bf16.points[1].n_embd, 8192);
   EXPECT_DOUBLE_EQ(back.achieved_efficiency_bf16.points[1].efficiency, 0.466);
-  EXPECT_TRUE(back.achieved_efficiency_fp32.empty());
+  ASSERT_EQ(back.achieved_efficiency_fp32.points.size(), 2u);  // bf16's fraction, assumed for fp32
+  EXPECT_DOUBLE_EQ(back.achieved_efficiency_fp32.points[1].efficiency, 0.466);
   // One figure for every width is still read as a number (profiles written before the curves),
   // and written back as one.
   nlohmann::json j = nlohmann::json::parse(fp::profile_to_json(h100));

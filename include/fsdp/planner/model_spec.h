@@ -104,7 +104,7 @@ struct LlamaShape {
 
 /// "llama2-7b" (C 4096, 32 layers, 32 heads, MLP 11008), "llama2-13b" (5120, 40, 40, 13824),
 /// "llama2-70b" (8192, 80, 64 heads with 8 key/value heads, 28672); vocab 32000, context 4096;
-/// and "llama-tiny" (64, 2 layers, 4 heads with 2 key/value heads, 172; vocab 512, context 256),
+/// and "llama-tiny" (64, 2 layers, 4 heads with 2 key/value heads, 172; vocab 8192, context 256),
 /// fsdp-train's test model. fsdp-train builds its Llama presets from this table. Throws
 /// fsdp::Error (kInvalidArgument) naming the known presets.
 LlamaShape llama_shape(const std::string& preset);
@@ -121,6 +121,37 @@ ModelSpec llama_model(const LlamaShape& shape, const std::string& name = "llama"
 /// traffic (e.g. the 16 bytes/param rule of a "7B" model); no activations (BlockKind::kNone).
 /// Throws fsdp::Error (kInvalidArgument) for num_params < 1 or num_units < 1.
 ModelSpec params_only_model(int64_t num_params, int64_t num_units, const std::string& name = "params");
+
+/// The layers LoRA adapts by default in a family, as Hugging Face PEFT's defaults: kGpt {"c_attn"},
+/// kLlama {"q_proj", "v_proj"}; kNone: none.
+std::vector<std::string> lora_default_targets(BlockKind kind);
+
+/// LoRA's target layer names: `targets` as given, the family's default where it is empty, and
+/// {"all-linear"} expanded to every Linear of the blocks (kGpt: c_attn, c_proj, c_fc; kLlama: q_proj,
+/// k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj). A name matches a layer whose qualified
+/// name is the name or ends with "." + name (PEFT's rule). Throws fsdp::Error (kInvalidArgument)
+/// for "all-linear" beside other names, or a family without layers (kNone: a --params model).
+std::vector<std::string> lora_resolve_targets(BlockKind kind, const std::vector<std::string>& targets);
+
+/// The names of a comma-separated target list ("q_proj, v_proj"), blanks around each dropped; ""
+/// gives none (the family's default). Throws fsdp::Error (kInvalidArgument) for an empty name in
+/// the list ("c_attn,,c_fc").
+std::vector<std::string> split_lora_targets(const std::string& comma_list);
+
+/// `spec` fine-tuned with LoRA adapters (Hu et al. 2021, "LoRA"): every parameter frozen
+/// (trainable false: no gradient, no optimizer state, no reduce-scatter), and for each Linear weight
+/// (a 2-D LAYER.weight that is no embedding table) whose LAYER a target names
+/// (lora_resolve_targets), two trainable parameters in its unit after the layer's own:
+/// LAYER.lora_A.weight (rank, in) and LAYER.lora_B.weight (out, rank), as apps/models/lora.h adds
+/// them. Throws fsdp::Error (kInvalidArgument) for rank < 1 or a target that names no layer.
+ModelSpec with_lora(const ModelSpec& spec, int64_t rank, const std::vector<std::string>& targets);
+
+/// The vocabulary a preset is planned at (fsdp-plan) and dry-run at (fsdp-train --dry-run) unless
+/// --vocab-size is given: the published model's for the gpt2 presets (50257, GPT-2's BPE) and
+/// llama2-* (32000); 8192, the tokenizer scripts/prepare_data.sh trains for fsdp-train, for nano,
+/// micro and llama-tiny. fsdp-train builds every preset at its tokenizer's vocabulary and notes
+/// when that differs from this one. Throws fsdp::Error (kInvalidArgument) for an unknown preset.
+int64_t preset_vocab_size(const std::string& preset);
 
 /// Every preset name model_preset() accepts: the GPT presets, then the Llama-2 presets.
 std::vector<std::string> model_preset_names();
