@@ -10,6 +10,7 @@ APT_PACKAGES=(build-essential cmake git pkg-config python3 python3-pip
   ninja-build)  # the builds' generator (scripts/build.sh, scripts/sanitize.sh): no idle core between targets
 TORCH_VERSION=${FSDP_TORCH_VERSION:-2.13.0}
 TRANSFORMERS_VERSION=${FSDP_TRANSFORMERS_VERSION:-4.57.6}
+PEFT_VERSION=${FSDP_PEFT_VERSION:-0.21.2}
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -39,5 +40,17 @@ if ! python3 -c 'import transformers, safetensors' 2>/dev/null; then
   echo "[setup] installing transformers==${TRANSFORMERS_VERSION} and safetensors (test clients)"
   python3 -m pip install -q "transformers==${TRANSFORMERS_VERSION}" safetensors ||
     python3 -m pip install -q --break-system-packages "transformers==${TRANSFORMERS_VERSION}" safetensors
+fi
+# peft loads the LoRA adapters fsdp-train exports (--export-adapter) over their base, in the tests.
+if ! python3 -c 'import peft' 2>/dev/null; then
+  echo "[setup] installing peft==${PEFT_VERSION} (test client)"
+  python3 -m pip install -q "peft==${PEFT_VERSION}" ||
+    python3 -m pip install -q --break-system-packages "peft==${PEFT_VERSION}"
+fi
+# matplotlib draws scripts/report.py's picture of a run's --metrics file.
+if ! python3 -c 'import matplotlib' 2>/dev/null; then
+  echo "[setup] installing matplotlib (scripts/report.py)"
+  python3 -m pip install -q "matplotlib>=3.7" ||
+    python3 -m pip install -q --break-system-packages "matplotlib>=3.7"
 fi
 echo "[setup] ok: torch $(python3 -c 'import torch; print(torch.__version__)'), $(mpirun --version | head -n 1)"

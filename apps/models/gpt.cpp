@@ -80,7 +80,7 @@ void check_config(const GPTConfig& c) {
   }
 }
 
-at::Tensor linear(const Linear& l, const at::Tensor& x) { return at::linear(x, l->weight, l->bias); }
+at::Tensor linear(Linear& l, const at::Tensor& x) { return l->forward(x); }
 }  // namespace
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

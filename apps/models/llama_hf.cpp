@@ -31,7 +31,9 @@ LlamaConfig llama_config_from_hf(const json& c) {
   if (c.contains("hidden_act") && c["hidden_act"] != "silu" && c["hidden_act"] != "swish") {
     refuse("hidden_act", c["hidden_act"], "silu (or its other name, swish)");
   }
-  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) refuse("rope_scaling", c["rope_scaling"], "null");
+  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
+    refuse("rope_scaling", c["rope_scaling"], "absent or null: rotary scaling is not implemented");
+  }
   expect_value(c, "attention_bias", false, "false");
   expect_value(c, "mlp_bias", false, "false");
   expect_null_or(c, "head_dim", l.d_model / l.n_head, "hidden_size / num_attention_heads");

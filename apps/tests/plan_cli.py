@@ -48,6 +48,11 @@ def plan(bin_path, *args, expect_rc=0):
     return p
 
 
+def flat(text):
+    """The report's words, each run of blanks and line breaks one space (it wraps at 100 columns)."""
+    return " ".join(text.split())
+
+
 def by_strategy(doc):
     return {s["label"]: s for s in doc["strategies"]}
 
@@ -79,7 +84,7 @@ def llama13b_on_64_h100(bin_path):
     check(r["kind"] == "data_parallel" and r["strategy"] != "no_shard",
           f"13B on 64 H100s: a sharded data-parallel strategy, got {r['kind']} {r['label']}")
     check(len(r["reason"]) > 40 and "GB" in r["reason"], f"the reason states the numbers: {r['reason']!r}")
-    text = plan(bin_path, *args).stdout
+    text = flat(plan(bin_path, *args).stdout)
     check(f"Recommendation: {r['label']} at N = 64" in text, "the table names the recommendation")
     check("why: " + r["reason"] in text, "the table states the reason")
     # The h100 profile plans NCCL's in-place reduce-scatter; --reduce-scatter-route all_to_all the
@@ -110,17 +115,17 @@ def llama3_8b_on_h100s(bin_path):
         check(t["matmul_efficiency"] == 0.344, f"N = {n}: the published figure at width 4096: {t['matmul_efficiency']}")
         check(0 < t["mfu"] < t["hfu"] < 0.344, f"N = {n}: MFU {t['mfu']} < HFU {t['hfu']} < 0.344")
         check(abs(t["hfu"] / t["mfu"] - t["flops"] / t["model_flops"]) < 1e-9, f"N = {n}: HFU / MFU = recompute ratio")
-    text = plan(bin_path, *args[:-1], "--world-size", "8").stdout
+    text = flat(plan(bin_path, *args[:-1], "--world-size", "8").stdout)
     check("compute: bf16 matmuls at 34.4% of the 989.5 TFLOP/s peak (the profile's achieved efficiency for width 4096;"
           in text, f"the report names the figure it used: {text[:600]!r}")
-    check("activation checkpointing\n" in text, "every block recomputed")
-    every2 = plan(bin_path, *args[:-1], "--world-size", "8", "--checkpoint-every", "2").stdout
+    check("activation checkpointing profile" in text, "every block recomputed")
+    every2 = flat(plan(bin_path, *args[:-1], "--world-size", "8", "--checkpoint-every", "2").stdout)
     check("activation checkpointing of every 2nd block" in every2, "the header's ordinal")
-    given = plan(bin_path, *args[:-1], "--world-size", "8", "--compute-efficiency", "1").stdout
+    given = flat(plan(bin_path, *args[:-1], "--world-size", "8", "--compute-efficiency", "1").stdout)
     check("compute: bf16 matmuls at 100.0% of the 989.5 TFLOP/s peak (--compute-efficiency)" in given,
           "the user's figure is named as the user's, 1 included")
-    between = plan(bin_path, "--model", "llama2-13b", "--world-size", "64", "--mixed-precision", "bf16", "--profile",
-                   "a100").stdout
+    between = flat(plan(bin_path, "--model", "llama2-13b", "--world-size", "64", "--mixed-precision", "bf16",
+                        "--profile", "a100").stdout)
     check("at 58.0% of the 312 TFLOP/s peak (width 5120, between the profile's achieved efficiencies for widths 4096 "
           "and 8192" in between, "an interpolated figure is called one")
     p = plan(bin_path, *args[:-1], "--world-size", "8", "--compute-efficiency", "nan", expect_rc=2)
@@ -131,6 +136,43 @@ def llama3_8b_on_h100s(bin_path):
           "--compute-efficiency 1 replaces the published figure")
     p = plan(bin_path, "--model", "micro", "--checkpoint-every", "2", expect_rc=2)
     check("needs --activation-checkpointing" in p.stderr, f"--checkpoint-every alone refused: {p.stderr!r}")
+
+
+def first_hour(bin_path):
+    """What a new user reads: realistic defaults, a note where a default decided, 100 columns.
+    * no --profile: the plan says it plans the built-in h100 and how to calibrate CPU ranks;
+      with --profile h100 it does not;
+    * fp32 on the h100 profile is not planned at its bare peak (the MFU stays below bf16's 34%);
+    * every line of the report, LoRA's included, fits 100 columns;
+    * --lora-rank: the trainable share and the frozen base's bytes (4 B per parameter)."""
+    text = flat(plan(bin_path, "--model", "llama2-7b", "--world-size", "8").stdout)
+    check("note: no --profile given, so this plans GPUs of the built-in h100; for CPU ranks measure your machine" in text,
+          "no --profile: the default is named")
+    check("no --profile" not in plan(bin_path, "--model", "llama2-7b", "--world-size", "8", "--profile", "h100").stdout,
+          "--profile h100 given: no note")
+    for args in (["--model", "llama2-13b", "--world-size", "64", "--mixed-precision", "bf16"],
+                 ["--model", "gpt2-xl", "--world-size", "4", "--lora-rank", "8", "--activation-checkpointing"],
+                 ["--model", "nano", "--world-size", "2", "--profile", "a100"]):
+        wide = [l for l in plan(bin_path, *args).stdout.splitlines() if len(l) > 100]
+        check(not wide, f"fsdp-plan {' '.join(args)}: {len(wide)} line(s) over 100 columns, e.g. {wide[:1]}")
+    doc = json.loads(plan(bin_path, "--model", "llama2-7b", "--world-size", "8", "--json").stdout)
+    mfu = [s["time"]["mfu"] for s in doc["strategies"]]
+    check(max(mfu) < 0.344, f"fp32 on h100 below bf16's published 34.4% MFU, not at the peak: {mfu}")
+    full = by_strategy(json.loads(plan(bin_path, "--model", "llama2-7b", "--world-size", "2", "--strategy",
+                                       "full_shard", "--json").stdout))["full_shard"]
+    lora_text = flat(plan(bin_path, "--model", "llama2-7b", "--world-size", "2", "--strategy", "full_shard",
+                          "--lora-rank", "8").stdout)
+    lora = by_strategy(json.loads(plan(bin_path, "--model", "llama2-7b", "--world-size", "2", "--strategy",
+                                       "full_shard", "--lora-rank", "8", "--json").stdout))["full_shard"]
+    trainable = 32 * 2 * 8 * (4096 + 4096)  # q_proj and v_proj of 32 blocks: r (in + out) each
+    check(f"trainable: {trainable:,} params" in lora_text, "the trainable share is named: %r" % lora_text[:600])
+    check(lora["model_state"]["optim_state_bytes"] == 8 * trainable // 2 and
+          lora["model_state"]["sharded_grad_bytes"] == 4 * trainable // 2,
+          f"LoRA: optimizer state and grads of the adapters only: {lora['model_state']}")
+    check(lora["model_state"]["sharded_param_bytes"] > full["model_state"]["sharded_param_bytes"],
+          "the frozen base keeps its fp32 rows (plus the adapters')")
+    p = plan(bin_path, "--model", "llama2-7b", "--lora-rank", "8", "--lora-target-modules", "c_attn", expect_rc=2)
+    check("LoRA target 'c_attn' names no Linear layer of llama2-7b" in p.stderr, f"a wrong target: {p.stderr!r}")
 
 
 def usage_errors(bin_path):
@@ -236,6 +278,12 @@ def calibrate(bin_path, tmp):
     text = plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", out).stdout
     check("compute: fp32 at the profile's measured model rate" in text, f"the compute line names the measured rate: "
           f"{[l for l in text.splitlines() if 'compute:' in l]}")
+    # 4 ranks on a profile calibrated on one node of 2: the node size is the profile's, and said so.
+    text = flat(plan(bin_path, "--model", "nano", "--world-size", "4", "--profile", out).stdout)
+    check("note: 4 ranks span 2 nodes because the profile's node holds 2 ranks; --ranks-per-node says" in text,
+          f"the node size a default decided is named: {text[:800]}")
+    text = plan(bin_path, "--model", "nano", "--world-size", "4", "--profile", out, "--ranks-per-node", "4").stdout
+    check("nodes because" not in text, "--ranks-per-node given: no note")
     # --compute-efficiency scales a datasheet peak, not a measured step.
     p = plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", out, "--compute-efficiency", "0.5",
              expect_rc=2)
@@ -304,7 +352,8 @@ def under_mpirun(bin_path):
 
 def dry_run_vocab(bin_path, train_bin):
     """fsdp-train --dry-run of a gpt2 preset: GPT-2's 50257 tokens unless --vocab-size is given,
-    then the same model as fsdp-plan's at that vocabulary, byte for byte."""
+    then the same model as fsdp-plan's at that vocabulary, byte for byte; gpt2-xl, llama-tiny and
+    llama2-7b have the same parameter count in both (the preset's own vocabulary)."""
     if not train_bin:
         return
 
@@ -318,6 +367,14 @@ def dry_run_vocab(bin_path, train_bin):
 
     n_default, _ = dry()
     check(n_default == 124439808, f"gpt2 dry run at GPT-2's vocabulary: {n_default} params (want 124,439,808)")
+    # One table of presets: fsdp-plan and the dry run take each preset at the same vocabulary.
+    for preset, want in (("gpt2-xl", 1557611200), ("llama-tiny", 1139520), ("llama2-7b", 6738415616)):
+        d = subprocess.run([train_bin, "--dry-run", "--world-size", "8", "--model", preset], capture_output=True,
+                           text=True, timeout=120)
+        got = re.search(r"\((\d+) params", d.stdout)
+        doc = json.loads(plan(bin_path, "--model", preset, "--world-size", "8", "--json").stdout)
+        check(got and int(got.group(1)) == want == doc["model"]["num_params"],
+              f"{preset}: dry run {got and got.group(1)} params, fsdp-plan {doc['model']['num_params']}, want {want}")
     n, shard_bytes = dry("--vocab-size", "8192")
     doc = json.loads(plan(bin_path, "--model", "gpt2", "--vocab-size", "8192", "--world-size", "8",
                           "--strategy", "full_shard", "--json").stdout)
@@ -334,6 +391,7 @@ def main():
     headline(a.bin)
     llama13b_on_64_h100(a.bin)
     llama3_8b_on_h100s(a.bin)
+    first_hour(a.bin)
     usage_errors(a.bin)
     under_mpirun(a.bin)
     dry_run_vocab(a.bin, a.train_bin)

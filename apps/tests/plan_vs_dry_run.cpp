@@ -1,7 +1,7 @@
 // The planner's formulas against the real engine's accounting: a dry run (meta tensors, a
 // simulated group, one forward/backward/AdamW step through the engine) of gpt2-xl and the
 // Llama-2 7B / 13B / 70B presets at N = 8, 64, 512 and 1024 holds exactly the planner's bytes per
-// rank, padding included, by kind.
+// rank, padding included, by kind; so do LoRA fine-tunes (adapters over a frozen base).
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adamw.h>
@@ -12,6 +12,7 @@
 #include "fsdp/runtime/fully_shard.h"
 #include "models/gpt.h"
 #include "models/llama.h"
+#include "models/lora.h"
 
 namespace {
 
@@ -22,17 +23,27 @@ at::Tensor meta_loss(const std::shared_ptr<torch::nn::Module>& m, int64_t vocab)
   return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}), idx.reshape({-1}));
 }
 
-fsdp::DryRunSpec spec_for(const std::string& preset, int world_size, fsdp::ShardingStrategy strategy) {
+// lora.rank > 0: the model with adapters (apps/models/lora.h), the optimizer over the trainable ones.
+fsdp::DryRunSpec spec_for(const std::string& preset, int world_size, fsdp::ShardingStrategy strategy,
+                          const apps::models::LoraConfig& lora = {}) {
   fsdp::DryRunSpec spec;
   spec.world_size = world_size;
   fsdp::FullyShardOptions o;
   o.strategy = strategy;
-  spec.make_optimizer = [](std::vector<at::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+  spec.make_optimizer = [](std::vector<at::Tensor> all) -> std::unique_ptr<torch::optim::Optimizer> {
+    std::vector<at::Tensor> p;
+    for (auto& t : all) {
+      if (t.requires_grad()) p.push_back(t);
+    }
     return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-3));
+  };
+  auto adapted = [lora](std::shared_ptr<torch::nn::Module> m, const apps::models::ModelConfig& cfg) {
+    if (lora.enabled()) apps::models::add_lora(*m, lora, cfg, at::TensorOptions().device(at::kMeta), 0);
+    return m;
   };
   if (preset.rfind("llama", 0) == 0) {
     const apps::models::LlamaConfig cfg = apps::models::llama_preset(preset);
-    spec.build = [cfg] { return std::static_pointer_cast<torch::nn::Module>(apps::models::Llama(cfg, at::kMeta).ptr()); };
+    spec.build = [cfg, adapted] { return adapted(apps::models::Llama(cfg, at::kMeta).ptr(), cfg); };
     spec.shard = [o](const std::shared_ptr<torch::nn::Module>& m, fsdp::comm::ProcessGroupPtr g) {
       fsdp::fully_shard_tree(m, g, fsdp::wrap_by_type<apps::models::LlamaBlockImpl>(), o, o);
     };
@@ -42,7 +53,7 @@ fsdp::DryRunSpec spec_for(const std::string& preset, int world_size, fsdp::Shard
   } else {
     apps::models::GPTConfig cfg = apps::models::gpt_preset(preset, apps::models::kGpt2VocabSize);
     cfg.attention = "math";
-    spec.build = [cfg] { return std::static_pointer_cast<torch::nn::Module>(apps::models::GPT(cfg, at::kMeta).ptr()); };
+    spec.build = [cfg, adapted] { return adapted(apps::models::GPT(cfg, at::kMeta).ptr(), cfg); };
     spec.shard = [o](const std::shared_ptr<torch::nn::Module>& m, fsdp::comm::ProcessGroupPtr g) {
       fsdp::fully_shard_tree(m, g, fsdp::wrap_by_type<apps::models::BlockImpl>(), o, o);
     };
@@ -95,6 +106,40 @@ TEST(PlanVsDryRun, EveryStrategyAtEightRanks) {
               plan.sharded_param_bytes + plan.resident_unsharded_param_bytes);
     EXPECT_EQ(dry.bytes.grad_bytes, plan.sharded_grad_bytes);
     EXPECT_EQ(dry.bytes.optim_state_bytes, plan.optim_state_bytes);
+  }
+}
+
+// A LoRA fine-tune: the base frozen (no grads, no optimizer state), the adapters trained; the
+// planner's with_lora spec holds the engine's bytes exactly, and far less than the full fine-tune.
+TEST(PlanVsDryRun, LoraFineTunesEqualTheEngineExactly) {
+  namespace pl = fsdp::planner;
+  struct Case {
+    std::string preset;
+    int64_t rank;
+    std::vector<std::string> targets;
+  };
+  for (const Case& c : {Case{"llama2-7b", 8, {}}, Case{"llama2-13b", 16, {"all-linear"}}, Case{"gpt2-xl", 4, {}},
+                        Case{"gpt2-xl", 8, {"c_attn", "c_fc"}}}) {
+    apps::models::LoraConfig lora;
+    lora.rank = c.rank;
+    lora.target_modules = c.targets;
+    const pl::ModelSpec full = plan_model(c.preset);
+    const pl::ModelSpec model = pl::with_lora(full, c.rank, c.targets);
+    for (const int n : {8, 64}) {
+      SCOPED_TRACE(c.preset + " LoRA rank " + std::to_string(c.rank) + " at N = " + std::to_string(n));
+      const fsdp::DryRunResult dry = fsdp::dry_run(spec_for(c.preset, n, fsdp::ShardingStrategy::kFullShard, lora));
+      pl::Parallelism par;
+      par.world_size = n;
+      const pl::ModelStateBytes plan = pl::model_state_bytes(model, par, pl::StepSetup{});
+      const pl::ModelStateBytes plan_full = pl::model_state_bytes(full, par, pl::StepSetup{});
+      EXPECT_EQ(dry.param_numel, model.num_params());
+      EXPECT_EQ(dry.bytes.param_bytes + dry.bytes.master_weight_bytes,
+                plan.sharded_param_bytes + plan.resident_unsharded_param_bytes);
+      EXPECT_EQ(dry.bytes.grad_bytes, plan.sharded_grad_bytes);
+      EXPECT_EQ(dry.bytes.optim_state_bytes, plan.optim_state_bytes);
+      EXPECT_GT(plan.optim_state_bytes, 0);
+      EXPECT_LT(plan.optim_state_bytes * 50, plan_full.optim_state_bytes) << "adapters are a few % of the model";
+    }
   }
 }
 

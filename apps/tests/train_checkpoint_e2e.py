@@ -252,8 +252,8 @@ def test_resume(opts, tmp):
     m_e = os.path.join(tmp, "e.jsonl")
     p = launch(["--steps", "6", "--resume", os.path.join(tmp, "nope"), "--metrics", m_e], 1, opts,
                expect_ok=False)
-    check(p.returncode != 0 and "nope" in error_line(p) and not events(m_e, "step"),
-          "missing --resume dir: exit %d, %r" % (p.returncode, error_line(p)))
+    check(p.returncode == 2 and error_line(p).count("nope") == 1 and "no such directory" in error_line(p) and
+          not events(m_e, "step"), "missing --resume dir, named once: exit %d, %r" % (p.returncode, error_line(p)))
     p = launch(["--steps", "6", "--n-embd", "32", "--resume", ck, "--metrics", m_e], 1, opts,
                expect_ok=False)
     check(p.returncode != 0 and "another model" in error_line(p) and not events(m_e, "step"),

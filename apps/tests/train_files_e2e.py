@@ -14,16 +14,27 @@ banner, no backtrace.
     older one);
   * --import of torch.save(model.state_dict()) with a "module." prefix (an OrderedDict with
     _metadata) loads the weights exactly; a .npz, random bytes, a dict of non-tensors, a flipped
-    byte inside a tensor record (its CRC-32) and a file saved without CRCs are refused in one line.
+    byte inside a tensor record (its CRC-32) and a file saved without CRCs are refused in one line;
+    a sharded checkpoint directory, a Hugging Face directory and a .safetensors file are refused
+    naming --resume / --init-from-hf;
+  * a run interrupted once it has saved a checkpoint (SIGINT to a process started by hand, exit
+    130; SIGINT to mpirun, which stops its ranks with SIGTERM) says in one line the step it was in,
+    the newest checkpoint and the --resume that continues it; interrupted before its first save,
+    that no checkpoint was written; its checkpoint resumed with another --n-head (the same shapes)
+    is refused naming both head counts.
 Exit 0: pass; 77: skipped (no data / no mpirun); anything else: fail.
 """
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import check, events, expect_error, run, run_main, write_manifest  # noqa: E402
+from e2e_common import (TINY, check, events, expect_error, launch_prefix, launcher, run, run_main,  # noqa: E402
+                        write_manifest)
 
 
 def edit_manifest(ckpt_dir, fn, seal=True):
@@ -175,9 +186,69 @@ def test_import(opts, tmp, full):
         cases.append((no_crc, "carries no CRC-32"))
     for path, needle in cases:
         expect_error(run(["--steps", "1", "--import", path], 2, opts), 1, "--import", needle)
+    # Weights of another kind: the flag that reads them.
+    ck = os.path.join(tmp, "ck")  # test_nonfinite_and_resume's sharded checkpoints
+    hf = os.path.join(tmp, "hf-like")
+    os.makedirs(hf)
+    for name in ("config.json", "model.safetensors"):
+        open(os.path.join(hf, name), "w").close()
+    for path, needle in ((ck, "this is a sharded checkpoint, continue it with --resume " + ck),
+                         (hf, "this is a Hugging Face model, start from it with --init-from-hf " + hf),
+                         (os.path.join(hf, "model.safetensors"),
+                          "is a safetensors file; --import reads one file written by --export or torch.save: start "
+                          "from a Hugging Face model with --init-from-hf " + hf)):
+        expect_error(run(["--steps", "1", "--import", path], 2, opts), 2, "--import", needle)
+
+
+def interrupt(opts, tmp, tag, n, wait_for_checkpoint):
+    """Starts a long run (n = 1: the process itself, no launcher), sends SIGINT once its step-2
+    checkpoint is out (or, without, once it trains), and returns (exit code, output, the newest
+    checkpoint's path or None)."""
+    ck, m = os.path.join(tmp, tag), os.path.join(tmp, tag + ".jsonl")
+    argv = [opts.bin, "--data-dir", opts.data_dir] + TINY + ["--steps", "100000", "--metrics", m]
+    argv += ["--save", ck, "--save-every", "2"] if wait_for_checkpoint else []
+    cmd = (launch_prefix(n) if n > 1 else []) + argv
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None:
+        try:  # the file may end in a line being written
+            if events(m, "checkpoint" if wait_for_checkpoint else "step"):
+                break
+        except ValueError:
+            pass
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    out = p.communicate(timeout=60)[0]
+    saved = [e["path"] for e in events(m, "checkpoint")]
+    print("  %s n=%d rc=%d" % (tag, n, p.returncode), flush=True)
+    return p.returncode, out, saved[-1] if saved else None
+
+
+def test_interrupt(opts, tmp):
+    rc, out, newest = interrupt(opts, tmp, "sigint", 1, True)
+    lines = [l for l in out.splitlines() if "fsdp-train: interrupted by SIGINT during step " in l]
+    check(rc == 130 and newest and len(lines) == 1 and
+          ("; the newest checkpoint is %s: to continue, run the same command with --resume %s (or --resume latest)" %
+           (newest, newest)) in lines[0] and "Traceback" not in out and "MPI_ABORT" not in out,
+          "SIGINT to a process: exit %d, one line naming the step and %s: %r" % (rc, newest, lines or out[-300:]))
+    # The same shapes, another head count: refused, naming both (and no fixed-point formatting).
+    expect_error(run(["--steps", "100000", "--resume", newest, "--n-head", "8"], 2, opts), 2,
+                 "the checkpoint's model has n_head 4, this run's 8")
+    if launcher() == "mpirun":
+        rc, out, newest = interrupt(opts, tmp, "mpirun", 2, True)
+        lines = [l for l in out.splitlines() if "fsdp-train: stopped by SIGTERM during step " in l or
+                 "fsdp-train: interrupted by SIGINT during step " in l]
+        check(rc != 0 and newest and len(lines) == 1 and ("the newest checkpoint is %s" % newest) in lines[0],
+              "SIGINT to mpirun: exit %d, rank 0's one line naming %s: %r" % (rc, newest, lines or out[-300:]))
+    rc, out, newest = interrupt(opts, tmp, "nosave", 1, False)
+    check(rc == 130 and newest is None and
+          "; no checkpoint was written (--save DIR --save-every K would let a run continue)" in out,
+          "SIGINT to a run without --save: exit %d: %r" % (rc, out[-300:]))
 
 
 def test_all(opts, tmp):
+    test_interrupt(opts, tmp)
     full = test_nonfinite_and_resume(opts, tmp)
     test_import(opts, tmp, full)
 

@@ -76,6 +76,9 @@ def test_rank_settings(opts, tmp):
     for path, content in ((a, head), (b, b"Amen. " + head[6:])):  # the same size, other words first
         with open(path, "wb") as f:
             f.write(content)
+    ids, out = os.path.join(tmp, "ids.bin"), os.path.join(tmp, "export-hf")
+    with open(ids, "wb") as f:
+        f.write(bytes(40000))
     cases = [  # (family, args of the first half, of the second half, the flag named, values shown)
         ("model shape", ["--n-head", "2"], ["--n-head", "4"], "--n-head", ("'2'", "'4'")),
         ("optimizer", ["--lr", "0.001"], ["--lr", "0.002"], "--lr", ("'0.001'", "'0.002'")),
@@ -87,6 +90,12 @@ def test_rank_settings(opts, tmp):
         ("precision", [], ["--mixed-precision", "bf16"], "--mixed-precision", ("'fp32'", "'bf16'")),
         ("seed", ["--seed", "1"], ["--seed", "2"], "--seed", ("'1'", "'2'")),
         ("data identity", ["--data", a], ["--data", b], "--data (training tokens)", ("tokens, fnv1a",)),
+        # Read before any collective could notice: ids of another width, an export of another dtype.
+        ("ids width", ["--data", ids, "--data-dtype", "uint32"], ["--data", ids], "--data-dtype",
+         ("'uint32'", "'uint16'")),
+        ("export dtype", ["--export-hf", out, "--export-hf-dtype", "bf16"], ["--export-hf", out], "--export-hf-dtype",
+         ("'bf16'", "'fp32'")),
+        ("adapters", [], ["--lora-rank", "2"], "--lora-rank", ("'0'", "'2'")),
     ]
     for i, (family, args_a, args_b, flag, shown) in enumerate(cases):
         for n_each in ((1, 2) if i % 3 == 0 else (1,)):
@@ -135,6 +144,12 @@ def test_flags(opts, tmp):
         f.write('save = ""\nsteps = 2\n')
     expect_error(run(["--config", toml, "--metrics", m], 1, opts), 2, "key 'save' is empty")
     check(not events(m, "step"), "an empty key of the config file: refused before step 1")
+    # A file that sets nothing, and one flag set twice (its dash and underscore spellings).
+    for text, needle in (("# nothing yet\n", "sets no key (an empty file, or comments only)"),
+                         ("seq_len = 32\nseq-len = 16\n", "keys 'seq-len' and 'seq_len' both set --seq-len: keep one")):
+        with open(toml, "w") as f:
+            f.write(text)
+        expect_error(run(["--config", toml, "--metrics", m], 1, opts), 2, needle)
     expect_error(run(["--forward-prefetch", "maybe"], 1, opts), 2, "--forward-prefetch", "'maybe' is not true or false")
     missing = os.path.join(tmp, "missing")
     for flag in ("--export", "--metrics", "--trace"):

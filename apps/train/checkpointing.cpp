@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <vector>
 
@@ -16,7 +17,9 @@
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/export.h"
 #include "fsdp/checkpoint/safetensors.h"
+#include "models/lora.h"
 #include "models/model_config.h"
+#include "train/model_setup.h"
 #include "fsdp/checkpoint/import_optimizer.h"
 #include "fsdp/common/check.h"
 #include "fsdp/optim/optimizer_state.h"
@@ -63,9 +66,26 @@ void maybe_stall(const char* phase, int rank) {
 // [Note: checkpoint contents] The model's settings that no parameter shape shows, recorded in the
 // TrainState's doubles so that a resume with another (a Llama from --init-from-hf resumed as a
 // preset of another rope_theta) is refused instead of training another function.
-std::map<std::string, double> model_settings(const models::ModelConfig& m) {
-  if (m.is_llama()) return {{"model.norm_eps", m.llama().rms_eps}, {"model.rope_theta", m.llama().rope_theta}};
-  return {{"model.norm_eps", m.gpt().layer_norm_eps}};
+// The head counts are among them: nano with --n-head 2 or 8 has nano's shapes. So is LoRA's alpha
+// (its rank shows in the adapters' shapes). Checkpoints written before a key existed lack it and
+// are not checked for it.
+std::map<std::string, double> model_settings(const models::ModelConfig& m, const TrainConfig& c) {
+  std::map<std::string, double> s{{"model.n_head", static_cast<double>(m.n_head())}};
+  if (m.is_llama()) {
+    s["model.norm_eps"] = m.llama().rms_eps;
+    s["model.rope_theta"] = m.llama().rope_theta;
+    s["model.n_kv_head"] = static_cast<double>(m.n_kv_head());
+  } else {
+    s["model.norm_eps"] = m.gpt().layer_norm_eps;
+  }
+  if (c.lora_rank > 0) s["model.lora_alpha"] = c.lora_alpha;
+  return s;
+}
+
+std::string shortest(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.10g", v);
+  return buf;
 }
 
 }  // namespace
@@ -116,6 +136,11 @@ Resumed resume(const TrainConfig& c, const models::ModelConfig& model_config,
   const std::string asked = c.resume_asked.empty() ? c.resume : c.resume_asked;  // auto resolves to latest
   const std::string what = in_save ? "--resume " + asked + " (the newest in --save " + c.save + ")"
                                    : "--resume " + path;
+  if (std::error_code ec; !std::filesystem::is_directory(path, ec)) {  // named once, with what --resume takes
+    throw UsageError(what + ": no such directory" + (std::filesystem::exists(path, ec) ? " (a file is there)" : "") +
+                     "; --resume takes a checkpoint directory (DIR/step-000000300), a directory of checkpoints, "
+                     "'latest' or 'auto' (the newest in --save)");
+  }
   r.path = checkpoint_call(what, [&] {
     maybe_stall("load", group->rank());
     try {
@@ -146,12 +171,12 @@ Resumed resume(const TrainConfig& c, const models::ModelConfig& model_config,
     }
   });
   r.load_s = seconds_since(t0);
-  for (const auto& [key, value] : model_settings(model_config)) {
+  for (const auto& [key, value] : model_settings(model_config, c)) {
     const auto it = st.doubles.find(key);
     if (it != st.doubles.end() && it->second != value) {
-      throw UsageError(what + ": the checkpoint's model has " + key.substr(6) + " " + std::to_string(it->second) +
-                       ", this run's " + std::to_string(value) + " (resume a fine-tune with the same --init-from-hf "
-                       "directory, which gives the model its config)");
+      throw UsageError(what + ": the checkpoint's model has " + key.substr(6) + " " + shortest(it->second) +
+                       ", this run's " + shortest(value) + " (resume with the flags that built it: the same --model "
+                       "and overrides, --init-from-hf directory and --lora-* flags)");
     }
   }
   r.progress = validated_progress(c, r.path, st, optimizer, model);
@@ -167,7 +192,7 @@ Saved save(const TrainConfig& c, const TrainProgress& progress, const models::Mo
            const std::shared_ptr<torch::nn::Module>& model, torch::optim::Optimizer& optimizer,
            const LossScaling& loss_scaling, const fsdp::comm::ProcessGroupPtr& group) {
   fsdp::checkpoint::TrainState st;
-  for (const auto& [key, value] : model_settings(model_config)) st.doubles[key] = value;
+  for (const auto& [key, value] : model_settings(model_config, c)) st.doubles[key] = value;
   st.ints["step"] = progress.step;
   st.ints["lr_step"] = progress.lr_step;
   if (progress.optimizer_step_offset > 0) st.ints["optimizer_step_offset"] = progress.optimizer_step_offset;
@@ -188,6 +213,25 @@ Saved save(const TrainConfig& c, const TrainProgress& progress, const models::Mo
 double import_weights(const TrainConfig& c, const std::shared_ptr<torch::nn::Module>& model,
                       const fsdp::comm::ProcessGroupPtr& group) {
   if (c.import_path.empty()) return 0.0;
+  // --import reads one torch.save file; the other kinds of weights have flags of their own.
+  namespace fs = std::filesystem;
+  const fs::path p(c.import_path);
+  std::error_code ec;
+  const auto has = [&](const char* name) { return fs::exists(p / name, ec); };
+  if (fs::is_directory(p, ec)) {
+    const bool sharded = has("manifest.json") || has("latest");
+    const bool hf = has("config.json") && (has("model.safetensors") || has("model.safetensors.index.json"));
+    throw UsageError("--import " + c.import_path + " is a directory; --import reads one file written by --export or "
+                     "torch.save" + (sharded ? ": this is a sharded checkpoint, continue it with --resume " + c.import_path
+                                     : hf    ? ": this is a Hugging Face model, start from it with --init-from-hf " +
+                                                c.import_path
+                                             : ""));
+  }
+  if (p.extension() == ".safetensors") {
+    throw UsageError("--import " + c.import_path + " is a safetensors file; --import reads one file written by --export "
+                     "or torch.save: start from a Hugging Face model with --init-from-hf " + p.parent_path().string() +
+                     " (its directory, config.json beside the weights)");
+  }
   const auto t0 = Clock::now();
   checkpoint_call("--import " + c.import_path,
                   [&] { fsdp::checkpoint::import_full(c.import_path, model, group); });
@@ -199,7 +243,9 @@ double import_hf_weights(const TrainConfig& c, const models::ModelConfig& model_
   if (c.init_from_hf.empty() || !c.resume.empty()) return 0.0;  // resuming: the checkpoint holds the weights
   const auto t0 = Clock::now();
   checkpoint_call("--init-from-hf " + c.init_from_hf, [&] {
-    fsdp::checkpoint::import_safetensors(c.init_from_hf, model, group, models::hf_import_options(model_config));
+    fsdp::checkpoint::SafetensorsImportOptions o = models::hf_import_options(model_config);
+    if (c.lora_rank > 0) o.leave = models::is_lora_param;  // the adapters keep their initial values
+    fsdp::checkpoint::import_safetensors(c.init_from_hf, model, group, o);
   });
   return seconds_since(t0);
 }
@@ -218,12 +264,37 @@ double export_hf_weights(const TrainConfig& c, const models::ModelConfig& model_
       std::ifstream in((std::filesystem::path(c.init_from_hf) / "config.json").string());
       nlohmann::json source = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
       if (source.is_object()) {
+        // The published dropout rates stay: fsdp-train trains without dropout, but the model is
+        // the source's, and a later fine-tune in transformers expects its rates.
+        for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "attention_dropout"}) {
+          if (source.contains(key)) config.erase(key);
+        }
         source.update(config);
         config = source;
       }
     }
     o.extra_files["config.json"] = config.dump(2) + "\n";
+    if (!c.init_from_hf.empty()) {
+      // The files that make the directory usable beside the weights: the tokenizer's and the
+      // generation defaults, copied as they are.
+      for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                               "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt"}) {
+        std::ifstream in((std::filesystem::path(c.init_from_hf) / name).string(), std::ios::binary);
+        if (in) o.extra_files[name] = std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      }
+    }
+    if (c.lora_rank > 0) models::merge_adapters_on_export(o, lora_config_of(c), models::gather_adapters(model));
     fsdp::checkpoint::export_safetensors(c.export_hf, model, group, o);
+  });
+  return seconds_since(t0);
+}
+
+double export_adapter_weights(const TrainConfig& c, const models::ModelConfig& model_config,
+                              const std::shared_ptr<torch::nn::Module>& model, const fsdp::comm::ProcessGroupPtr& group) {
+  const auto t0 = Clock::now();
+  checkpoint_call("--export-adapter " + c.export_adapter, [&] {
+    fsdp::checkpoint::export_safetensors(c.export_adapter, model, group,
+                                         models::peft_export_options(lora_config_of(c), model_config, c.init_from_hf));
   });
   return seconds_since(t0);
 }

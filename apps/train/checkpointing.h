@@ -91,10 +91,16 @@ double import_hf_weights(const TrainConfig& c, const models::ModelConfig& model_
 constexpr int64_t kHfMaxFileBytes = 5'000'000'000;
 /// --export-hf: the model as a Hugging Face directory of model_config's family (GPT2LMHeadModel
 /// or LlamaForCausalLM: config.json, safetensors streamed unit by unit, in --export-hf-dtype cast
-/// from the fp32 master weights, split past kHfMaxFileBytes); seconds taken. Collective; throws as
+/// from the fp32 master weights, split past kHfMaxFileBytes; a LoRA fine-tune's adapters merged
+/// into their layers' weights); seconds taken. Collective; throws as
 /// export_weights does.
 double export_hf_weights(const TrainConfig& c, const models::ModelConfig& model_config,
                          const std::shared_ptr<torch::nn::Module>& model, const fsdp::comm::ProcessGroupPtr& group);
+/// --export-adapter: a LoRA fine-tune's adapters alone as PEFT's adapter_model.safetensors and
+/// adapter_config.json (models::peft_export_options; base_model_name_or_path --init-from-hf's
+/// directory); seconds taken. Collective; throws as export_weights does.
+double export_adapter_weights(const TrainConfig& c, const models::ModelConfig& model_config,
+                              const std::shared_ptr<torch::nn::Module>& model, const fsdp::comm::ProcessGroupPtr& group);
 /// --export PATH: the full state dict, written by rank 0 (torch.load-able); returns the seconds
 /// it took. Call only with --export set. Collective and blocking over group. Throws
 /// CheckpointError when the write fails.

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 namespace apps::train {
@@ -26,11 +27,20 @@ std::vector<std::string> config_file_args(const std::string& path, CLI::App& app
        << e.source().begin.line;
     throw CLI::ValidationError("--config", os.str());
   }
+  if (table.empty()) {
+    throw CLI::ValidationError("--config", "config file '" + path + "' sets no key (an empty file, or comments "
+                                           "only): give the settings, e.g. global_batch_size = 32");
+  }
   std::vector<std::string> args;
+  std::map<std::string, std::string> seen;  // flag name -> the key that set it
   for (auto&& [key, node] : table) {
     std::string name(key.str());
     for (char& c : name) {
       if (c == '_') c = '-';
+    }
+    if (auto [it, fresh] = seen.emplace(name, std::string(key.str())); !fresh) {
+      throw CLI::ValidationError("--config", "config file '" + path + "': keys '" + it->second + "' and '" +
+                                                 std::string(key.str()) + "' both set --" + name + ": keep one");
     }
     CLI::Option* opt = app.get_option_no_throw("--" + name);
     if (opt == nullptr || name == "config" || name == "help") {

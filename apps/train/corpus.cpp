@@ -70,6 +70,8 @@ data::TokenDataset read_ids(const std::string& path, const std::string& dtype, i
 
 bool pretokenized_data(const TrainConfig& c) {
   if (c.data.empty()) return false;
+  // Before anything reads a tokenizer for it: a mistyped path is that, not a missing tokenizer.
+  if (!is_file(c.data) && !is_dir(c.data)) throw UsageError("--data: no file or folder at '" + c.data + "'");
   if (is_file(c.data)) return ends_with(c.data, ".bin");
   return is_dir(c.data) && is_file(c.data + "/train.bin") && !is_file(c.data + "/train.txt");
 }

@@ -29,7 +29,8 @@ std::string tokenizer_path(const TrainConfig& c);
 /// True when --data names token ids rather than text: a file ending in .bin, or a folder holding
 /// train.bin and val.bin (and no train.txt), as nanoGPT's prepare scripts write them: little-endian
 /// ids of any tokenizer, no header, uint16 or (--data-dtype uint32) uint32. Not collective (the same answer on every rank of
-/// a shared file system).
+/// a shared file system). Throws UsageError when --data names no file or folder (checked first,
+/// before a tokenizer is looked for).
 bool pretokenized_data(const TrainConfig& c);
 
 /// Loads the corpus that --data names: a folder holding train.txt and val.txt, or one text file

@@ -9,6 +9,7 @@
 
 #include "fsdp/comm/simulated_backend.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "fsdp/planner/model_spec.h"
 #include "models/model_config.h"
 #include "models/gpt.h"
 #include "models/llama.h"
@@ -40,18 +41,31 @@ DryRunReport run_dry_run(const TrainConfig& c) {
   fsdp::DryRunSpec spec;
   spec.world_size = n;
   spec.rank = c.dry_run_rank;
-  spec.make_optimizer = [&c](std::vector<at::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+  spec.make_optimizer = [&c](std::vector<at::Tensor> all) -> std::unique_ptr<torch::optim::Optimizer> {
+    std::vector<at::Tensor> p;  // the trainable ones: a LoRA base holds no optimizer state
+    for (auto& t : all) {
+      if (t.requires_grad()) p.push_back(t);
+    }
     return std::make_unique<torch::optim::AdamW>(
         p, torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(1e-8).weight_decay(c.weight_decay));
   };
-  // The public models' vocabularies unless --vocab-size is given: GPT-2's 50257 for gpt2*, the
-  // Llama preset's own; nano and micro at --vocab-size.
-  int64_t vocab = c.vocab_size;
-  if (!c.vocab_size_given && c.model.rfind("gpt2", 0) == 0) vocab = models::kGpt2VocabSize;
-  if (!c.vocab_size_given && c.model.rfind("llama", 0) == 0) vocab = models::llama_preset(c.model).vocab_size;
+  // The preset's vocabulary unless --vocab-size is given, as fsdp-plan's (one rule for both).
+  const int64_t vocab = c.vocab_size_given ? c.vocab_size : fsdp::planner::preset_vocab_size(c.model);
   models::ModelConfig cfg = resolve_model(c, vocab);
   cfg.set_attention("math");  // no values are computed; the kernel choice changes no byte
-  spec.build = [cfg] { return std::static_pointer_cast<torch::nn::Module>(models::build_model(cfg, at::kMeta)); };
+  const models::LoraConfig lora = lora_config_of(c);
+  if (lora.enabled()) {  // the targets are checked now, as a usage error
+    try {
+      models::add_lora(*models::build_model(cfg, at::kMeta), lora, cfg, at::TensorOptions().device(at::kMeta), c.seed);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--lora-*: ") + e.what());
+    }
+  }
+  spec.build = [cfg, lora, seed = c.seed] {
+    auto m = models::build_model(cfg, at::kMeta);
+    if (lora.enabled()) models::add_lora(*m, lora, cfg, at::TensorOptions().device(at::kMeta), seed);
+    return std::static_pointer_cast<torch::nn::Module>(m);
+  };
   spec.shard = [=](const std::shared_ptr<torch::nn::Module>& m, fsdp::comm::ProcessGroupPtr g) {
     fsdp::fully_shard_tree(m, g, models::block_wrap_policy(cfg), blocks, root);
   };

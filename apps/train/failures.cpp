@@ -1,4 +1,5 @@
 #include "train/failures.h"
+#include "train/interrupt.h"
 
 #include <algorithm>
 #include <chrono>
@@ -78,6 +79,9 @@ int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder
                     const std::string& strategy) {
   const int rank = world_rank();
   const int size = fsdp::comm::job_channel().size();
+  // The failure is being reported: a launcher's SIGTERM from here on (mpirun ending the job once a
+  // rank exited) ends the process without the interrupt line, which would name a step not the cause.
+  quiet_interrupt_handlers();
   try {
     std::rethrow_exception(error);
   } catch (const UsageError& e) {

@@ -23,6 +23,7 @@
 //   reporting.*       lr schedule, console, JSON-lines events, Chrome trace.
 //   op_profile.*      --profile: libtorch's operator profiler over the last steps.
 //   failures.*        the exit path of every failure (exit codes, the timeout diagnosis).
+//   interrupt.*       SIGINT / SIGTERM: one line naming the step and the newest checkpoint.
 //   dry_run.*         --dry-run: one rank of an N-rank job accounted in this process.
 //   errors.h          UsageError, CheckpointError and RunError.
 //
@@ -42,6 +43,7 @@
 #include "train/dry_run.h"
 #include "train/errors.h"
 #include "train/failures.h"
+#include "train/interrupt.h"
 #include "train/rank_agreement.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -61,6 +63,7 @@ int main(int argc, char** argv) {
     int exit_code = 0;
     std::optional<apps::train::TrainConfig> config = apps::train::parse_train_config(argc, argv, rank, &exit_code);
     if (!config) return exit_code;
+    apps::train::install_interrupt_handlers(rank);
     strategy = config->strategy;
     const fsdp::comm::ProcessGroupOptions options = apps::train::group_options(*config);
     flight_recorder_dir = options.flight_recorder_dir;

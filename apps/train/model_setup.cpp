@@ -19,6 +19,7 @@
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/fully_shard.h"
 #include "fsdp/optim/fused_adamw.h"
+#include "fsdp/planner/model_spec.h"
 #include "train/errors.h"
 
 namespace apps::train {
@@ -192,10 +193,24 @@ void check_identical_init(const torch::nn::Module& model, fsdp::comm::ProcessGro
       "; ranks that differ from rank 0: " + ranks);
 }
 
+models::LoraConfig lora_config_of(const TrainConfig& c) {
+  models::LoraConfig l;
+  l.rank = c.lora_rank;
+  l.alpha = c.lora_alpha;
+  l.dropout = c.lora_dropout;
+  try {
+    l.target_modules = fsdp::planner::split_lora_targets(c.lora_target_modules);
+  } catch (const fsdp::Error& e) {
+    throw UsageError("--lora-target-modules: " + e.message());
+  }
+  return l;
+}
+
 std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::shared_ptr<torch::nn::Module>& model,
                                                     const models::ModelConfig& model_config, const TrainConfig& c) {
   std::vector<at::Tensor> decay, no_decay;
   for (const auto& sp : fsdp::sharded_parameters(model)) {
+    if (!sp.tensor.requires_grad()) continue;  // frozen (a LoRA base): no gradient, no optimizer state
     const bool embedding = models::is_embedding_param(model_config, sp.name);
     (sp.tensor.dim() >= 2 && !embedding ? decay : no_decay).push_back(sp.tensor);
   }

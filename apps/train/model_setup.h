@@ -10,6 +10,7 @@
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/runtime/options.h"
+#include "models/lora.h"
 #include "models/model_config.h"
 #include "train/train_config.h"
 
@@ -59,7 +60,13 @@ fsdp::FullyShardOptions root_options_of(const fsdp::FullyShardOptions& blocks);
 /// checksums (expected) and its own (actual), and every rank that differs.
 void check_identical_init(const torch::nn::Module& model, fsdp::comm::ProcessGroup& group);
 
-/// AdamW (--lr, --beta1, --beta2, eps 1e-8) over this rank's shards of the sharded model, in two
+/// The LoRA settings of c's --lora-* flags (rank 0: none): --lora-target-modules split at commas
+/// (fsdp::planner::split_lora_targets),
+/// blanks around each name dropped. Not collective. Throws UsageError for an empty name in the list.
+models::LoraConfig lora_config_of(const TrainConfig& c);
+
+/// AdamW (--lr, --beta1, --beta2, eps 1e-8) over this rank's shards of the sharded model's trainable
+/// parameters (requires_grad: the adapters alone in a LoRA fine-tune), in two
 /// groups: --weight-decay on the Linear weight matrices (Llama's untied lm_head included), none on
 /// biases, norm weights and the embedding tables (models::is_embedding_param). --adamw-kernel
 /// fused (the default) gives an fsdp::optim::FusedAdamW, libtorch a torch::optim::AdamW. Not collective.

@@ -75,6 +75,13 @@ std::vector<Setting> shared_settings(const TrainConfig& c) {
       {"--n-layer", std::to_string(c.n_layer)},
       {"--n-head", std::to_string(c.n_head)},
       {"--n-embd", std::to_string(c.n_embd)},
+      {"--n-kv-head", std::to_string(c.n_kv_head)},
+      {"--ffn-hidden", std::to_string(c.ffn_hidden)},
+      {"--lora-rank", std::to_string(c.lora_rank)},
+      {"--lora-alpha", exact(c.lora_alpha)},
+      {"--lora-dropout", exact(c.lora_dropout)},
+      {"--lora-target-modules", c.lora_target_modules},
+      {"--data-dtype", c.data_dtype},
       {"--block-size", std::to_string(c.block_size)},
       {"--attention", c.attention},
       {"--meta-init", c.meta_init ? "true" : "false"},
@@ -114,6 +121,8 @@ std::vector<Setting> shared_settings(const TrainConfig& c) {
       {"--import", c.import_path},
       {"--init-from-hf", c.init_from_hf},
       {"--export-hf", c.export_hf},
+      {"--export-hf-dtype", c.export_hf_dtype},
+      {"--export-adapter", c.export_adapter},
       {"--import-optimizer", c.import_optimizer_path},
   };
 }

@@ -2,6 +2,7 @@
 #include "train/reporting.h"
 
 #include "fsdp/common/bytes.h"
+#include "fsdp/planner/plan.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -183,6 +184,10 @@ json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& 
       {"num_hosts", f.host_of_ranks.empty() ? 0 : 1 + *std::max_element(f.host_of_ranks.begin(), f.host_of_ranks.end())},
       {"num_params", f.num_params},
       {"heap_retained", f.heap_retained}};
+  if (c.lora_rank > 0) {
+    e["lora"] = {{"rank", c.lora_rank}, {"alpha", c.lora_alpha}, {"dropout", c.lora_dropout},
+                 {"layers", f.lora_layers}, {"trainable_params", f.lora_trainable}, {"export_adapter", c.export_adapter}};
+  }
   e["cpu"] = {{"model", cpu.model},
               {"capability", cpu.capability},
               {"avx512_bf16", cpu.avx512_bf16}, {"amx_bf16", cpu.amx_bf16},
@@ -218,6 +223,17 @@ void print_start(Console& console, const TrainConfig& c, const RunFacts& f,
                std::to_string(c.seq_len) + " tokens, " + std::to_string(f.accumulation_steps) +
                " micro-batch(es) of " + std::to_string(f.micro_batch_size) + " per rank; cpu: " +
                cpu.summary());
+  if (c.lora_rank > 0) {
+    char share[32];
+    std::snprintf(share, sizeof(share), "%.3g%%", 100.0 * static_cast<double>(f.lora_trainable) /
+                                                      static_cast<double>(std::max<int64_t>(1, f.num_params + f.lora_trainable)));
+    std::string alpha = std::to_string(c.lora_alpha);
+    alpha.erase(alpha.find_last_not_of('0') + 1);
+    if (!alpha.empty() && alpha.back() == '.') alpha.pop_back();
+    console.line("LoRA: rank " + std::to_string(c.lora_rank) + ", alpha " + alpha + ", adapters on " +
+                 std::to_string(f.lora_layers.size()) + " layers; " + fsdp::planner::format_count(f.lora_trainable) +
+                 " trainable params (" + share + "), the base frozen");
+  }
 }
 
 json exposed_delta(const std::array<double, fsdp::comm::kWaitPhaseCount>& before,

@@ -155,6 +155,8 @@ struct RunFacts {
   int64_t n_layer = 0, n_head = 0, n_kv_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
   std::string attention;
   int64_t num_params = 0;
+  std::vector<std::string> lora_layers;  ///< the layers with a LoRA adapter (--lora-rank)
+  int64_t lora_trainable = 0;            ///< the adapters' parameters, the only trainable ones
   // Data.
   std::string tokenizer_path;
   std::string train_path, val_path;  ///< val_path "": the last 5% of train_path's tokens

@@ -269,6 +269,26 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--export-hf-dtype", c.export_hf_dtype,
                  "Dtype of the --export-hf tensors, cast from the fp32 master weights: fp32 or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}))->group("Checkpoints");
+  app.add_option("--lora-rank", c.lora_rank,
+                 "LoRA fine-tune: add adapters of this rank to the --lora-target-modules layers and freeze "
+                 "every other parameter; only the adapters hold gradients and optimizer state (0: a full "
+                 "fine-tune)")
+      ->check(int_in(0, 1 << 16))->group("LoRA");
+  app.add_option("--lora-alpha", c.lora_alpha, "LoRA's alpha: the adapters' update is scaled by alpha / rank (PEFT's "
+                                               "default 8)")
+      ->check(real_in(0.0, 1e12, /*lo_open=*/true))->group("LoRA");
+  app.add_option("--lora-dropout", c.lora_dropout, "Dropout on the adapters' input in training, in [0, 1)")
+      ->check(real_below(0.0, 1.0))->group("LoRA");
+  app.add_option("--lora-target-modules", c.lora_target_modules,
+                 "Comma-separated layer names that get an adapter, as PEFT's target_modules (c_attn; q_proj,v_proj; "
+                 "all-linear: every Linear of the blocks); default: PEFT's for the family (GPT-2 c_attn, Llama "
+                 "q_proj,v_proj)")
+      ->group("LoRA");
+  app.add_option("--export-adapter", c.export_adapter,
+                 "After training, write the adapters alone to this directory in PEFT's format "
+                 "(adapter_model.safetensors, adapter_config.json): PeftModel.from_pretrained(base, DIR) loads "
+                 "them; --export-hf writes the merged model")
+      ->group("LoRA");
   app.add_option("--import", c.import_path,
                  "Before training, load full weights from this file (written by --export or by "
                  "torch.save of a dict of tensors); optimizer state starts fresh (fine-tuning) "
@@ -365,6 +385,22 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
                                                            " (the directory's config.json and weights give the model)");
         }
       }
+    }
+    if (c.lora_rank == 0) {
+      const std::pair<const char*, bool> lora_only[] = {
+          {"--lora-alpha", app.count("--lora-alpha") > 0}, {"--lora-dropout", app.count("--lora-dropout") > 0},
+          {"--lora-target-modules", app.count("--lora-target-modules") > 0},
+          {"--export-adapter", !c.export_adapter.empty()}};
+      for (const auto& [flag, given] : lora_only) {
+        if (given) throw CLI::ValidationError(flag, "needs --lora-rank R (a LoRA fine-tune)");
+      }
+    } else if (!c.import_path.empty()) {
+      throw CLI::ValidationError("--import", "cannot be combined with --lora-rank: the file holds no adapters; start "
+                                             "a LoRA fine-tune from --init-from-hf DIR (or a preset)");
+    }
+    if (c.dry_run && !c.export_adapter.empty()) {
+      throw CLI::ValidationError("--export-adapter", "has no effect with --dry-run (which accounts model state only, "
+                                                     "without data, training or files)");
     }
     if (!c.resume.empty() && !c.import_path.empty()) {
       throw CLI::ValidationError("--import", "cannot be combined with --resume (the checkpoint "

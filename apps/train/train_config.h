@@ -118,6 +118,14 @@ struct TrainConfig {
   std::string export_hf;
   /// Dtype of the --export-hf tensors, from the fp32 master weights: "fp32" or "bf16".
   std::string export_hf_dtype = "fp32";
+  // LoRA (models/lora.h): adapters over a frozen base; only they train.
+  int64_t lora_rank = 0;             ///< --lora-rank r; 0: no adapters (a full fine-tune)
+  double lora_alpha = 8.0;           ///< --lora-alpha: the update is scaled by alpha / r
+  double lora_dropout = 0.0;         ///< --lora-dropout on the adapters' input, in training
+  std::string lora_target_modules;   ///< --lora-target-modules: comma-separated names, "" the family's default
+  /// After training, write the adapters alone as PEFT's adapter_model.safetensors and
+  /// adapter_config.json in this directory.
+  std::string export_adapter;
   bool model_given = false;  ///< --model was on the command line (or in --config)
   /// with import_path: the optimizer state of the plain libtorch run that wrote those weights
   std::string import_optimizer_path;

@@ -1,6 +1,7 @@
 // fsdp-train's run (trainer.h): the step loop, with its evaluations, checkpoints, sample and
 // export. The set-up is trainer_setup.cpp's, a step trainer_step.cpp's.
 #include "train/trainer.h"
+#include "train/interrupt.h"
 #include "train/trainer_impl.h"
 
 #include <torch/optim/adamw.h>
@@ -46,6 +47,8 @@ void Trainer::save_now() {
   const fsdp::ActivityScope activity(nullptr, "checkpoint save");
   const Saved saved = save(cfg_, progress_, model_config_, model_, *optimizer_, loss_scaling_, group_);
   trace_.add("checkpoint save", "compute", 0, t0_us, trace_.now_us() - t0_us);
+  newest_checkpoint_ = saved.path;
+  set_interrupt_state(progress_.step, cfg_.steps, newest_checkpoint_, cfg_.save);
   metrics_->write({{"event", "checkpoint"}, {"step", progress_.step}, {"path", saved.path},
                    {"save_s", saved.save_s}});
   console_.line("step " + std::to_string(progress_.step) + ": checkpoint " + saved.path + " (" +
@@ -80,7 +83,9 @@ void Trainer::run() {
   OpProfiler op_profiler;
   const int64_t profile_from = std::max(start_step + 1, cfg_.steps - cfg_.profile_steps + 1);
   double profiled_s = 0.0;
+  newest_checkpoint_ = facts_.resumed_from;
   for (int64_t step = start_step + 1; step <= cfg_.steps; ++step) {
+    set_interrupt_state(step, cfg_.steps, newest_checkpoint_, cfg_.save);
     if (!cfg_.profile.empty() && step == profile_from) op_profiler.start();
     const double lr =
         lr_at(++progress_.lr_step, cfg_.steps, cfg_.warmup_steps, cfg_.lr, cfg_.min_lr);
@@ -138,6 +143,7 @@ void Trainer::run() {
     stop_if_output_failed(metrics_->failed(), "after step " + std::to_string(step));
   }
 
+  set_interrupt_state(cfg_.steps + 1, cfg_.steps, newest_checkpoint_, cfg_.save);
   if (cfg_.sample_tokens > 0) sample();
   if (!cfg_.export_path.empty()) {
     const double t0_us = trace_.now_us();
@@ -156,6 +162,12 @@ void Trainer::run() {
     metrics_->write({{"event", "export_hf"}, {"path", cfg_.export_hf}, {"export_s", export_s}});
     console_.line("exported a Hugging Face " + model_config_.hf_architecture() + " (" + cfg_.export_hf_dtype + ") to " +
                   cfg_.export_hf + " (" +
+                  std::to_string(export_s).substr(0, 5) + " s)");
+  }
+  if (!cfg_.export_adapter.empty()) {
+    const double export_s = export_adapter_weights(cfg_, model_config_, model_, group_);
+    metrics_->write({{"event", "export_adapter"}, {"path", cfg_.export_adapter}, {"export_s", export_s}});
+    console_.line("exported the LoRA adapters (PEFT) to " + cfg_.export_adapter + " (" +
                   std::to_string(export_s).substr(0, 5) + " s)");
   }
   RunTotals totals;

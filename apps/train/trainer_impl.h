@@ -84,6 +84,7 @@ class Trainer {
   std::optional<JsonLines> metrics_;
   TraceRecorder trace_;
   double last_val_ = NAN;
+  std::string newest_checkpoint_;  ///< the newest complete checkpoint, for the interrupt line ("" none)
   std::optional<NonFiniteInjection> inject_nonfinite_;  ///< test only
 };
 

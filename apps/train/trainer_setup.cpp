@@ -14,6 +14,7 @@
 #include "fsdp/common/activity.h"
 #include "fsdp/common/check.h"
 #include "fsdp/common/cpu_info.h"
+#include "fsdp/planner/model_spec.h"
 #include "fsdp/runtime/fully_shard.h"
 #include "fsdp/runtime/materialize.h"
 #include "train/checkpointing.h"
@@ -62,6 +63,16 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   }
   model_config_ =
       resolve_model(cfg_, tokenizer_ ? tokenizer_->vocab_size() : cfg_.vocab_size, /*tokenizer_vocab=*/!pretokenized);
+  if (cfg_.init_from_hf.empty()) {
+    const int64_t preset_vocab = fsdp::planner::preset_vocab_size(cfg_.model);
+    if (preset_vocab != model_config_.vocab_size()) {
+      console_.line("note: " + cfg_.model + " is built at " + (tokenizer_ ? "the tokenizer's" : "--vocab-size's") +
+                    " vocabulary of " + std::to_string(model_config_.vocab_size()) + " tokens (" +
+                    human_count(static_cast<double>(model_config_.num_params())) + " params); fsdp-plan and --dry-run take "
+                    "the preset at its own " + std::to_string(preset_vocab) + " unless given --vocab-size " +
+                    std::to_string(model_config_.vocab_size()));
+    }
+  }
   // Everything the end of the run needs is checked now, before any data or training.
   const models::ModelConfig& mcfg = model_config_;
   PreflightFacts pf;
@@ -95,9 +106,19 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   // module with the values of the CPU build (no rank holds the full model, so the checksum check
   // of the full parameters cannot run; every rank draws the same stream from --seed).
   torch::manual_seed(cfg_.seed);
+  const models::LoraConfig lora = lora_config_of(cfg_);
   {
     const fsdp::ActivityScope activity(nullptr, "model build");
     model_ = models::build_model(mcfg, cfg_.meta_init ? at::kMeta : at::kCPU);
+    if (lora.enabled()) {
+      try {
+        facts_.lora_layers = models::add_lora(*model_, lora, mcfg, at::TensorOptions().device(cfg_.meta_init ? at::kMeta : at::kCPU),
+                                              cfg_.seed);
+      } catch (const std::invalid_argument& e) {
+        throw UsageError(std::string("--lora-*: ") + e.what());
+      }
+      facts_.lora_trainable = models::lora_counts(*model_).trainable;
+    }
     model_->set_activation_checkpointing(cfg_.activation_checkpointing);
     if (!cfg_.meta_init) check_identical_init(*model_, *group_);
   }
@@ -111,7 +132,13 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
     throw UsageError(std::string("the FSDP engine rejected these settings: ") + e.what());
   }
   // --init-from-hf writes every parameter's rows from the file: a meta build needs no init.
-  if (cfg_.meta_init && cfg_.init_from_hf.empty()) fsdp::materialize(model_, models::model_init(mcfg));
+  // With adapters, the meta build is materialised first in any case: the adapters take their
+  // initial values (and a base that an import overwrites is zeroed, not drawn).
+  if (cfg_.meta_init && lora.enabled()) {
+    fsdp::materialize(model_, models::lora_init(cfg_.init_from_hf.empty() ? models::model_init(mcfg) : nullptr, cfg_.seed));
+  } else if (cfg_.meta_init && cfg_.init_from_hf.empty()) {
+    fsdp::materialize(model_, models::model_init(mcfg));
+  }
   facts_.import_s = import_weights(cfg_, model_, group_) + import_hf_weights(cfg_, mcfg, model_, group_);
   optimizer_ = make_optimizer(model_, mcfg, cfg_);
   const Resumed resumed = resume(cfg_, mcfg, model_, *optimizer_, loss_scaling_, group_);

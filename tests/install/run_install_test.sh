@@ -10,6 +10,12 @@ PREFIX="$BUILD_DIR/install-test/prefix"
 rm -rf "$BUILD_DIR/install-test"
 cmake --install "$BUILD_DIR" --prefix "$PREFIX" >/dev/null
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+# Relocatable: the installed package names libtorch's targets, not files of the build machine.
+TORCH_ROOT=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
+if grep -n -e "$TORCH_ROOT" -e 'libc10' "$PREFIX"/lib*/cmake/fsdp/*.cmake >&2; then
+  echo "install test: the installed CMake package names files of the build machine's libtorch (above)" >&2
+  exit 1
+fi
 cmake -S "$SRC_DIR/consumer" -B "$BUILD_DIR/install-test/build" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$PREFIX;$TORCH_PREFIX" >/dev/null
 cmake --build "$BUILD_DIR/install-test/build" -j 2 >/dev/null
