@@ -36,17 +36,21 @@ def read(path):
     steps, evals = {}, {}  # by step: a resumed run's file repeats steps, the last record counts
     try:
         with open(path) as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
+            lines = f.readlines()
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError as err:
+                if n == len(lines) and not line.endswith("\n"):  # a run still writing, or one cut off
+                    print("report.py: %s: its last line is incomplete; left out" % path, file=sys.stderr)
                     continue
-                try:
-                    e = json.loads(line)
-                except json.JSONDecodeError as err:
-                    sys.exit("report.py: %s line %d is not JSON: %s" % (path, n, err))
-                if e.get("event") == "step":
-                    steps[e["step"]] = e
-                elif e.get("event") == "eval":
-                    evals[e["step"]] = e
+                sys.exit("report.py: %s line %d is not JSON: %s" % (path, n, err))
+            if e.get("event") == "step":
+                steps[e["step"]] = e
+            elif e.get("event") == "eval":
+                evals[e["step"]] = e
     except OSError as err:
         sys.exit("report.py: cannot read %s: %s" % (path, err.strerror or err))
     if not steps:

@@ -78,7 +78,8 @@ std::vector<std::string> add_lora(torch::nn::Module& model, const LoraConfig& lo
         if (known.find("'" + leaf + "'") == std::string::npos) known += (known.empty() ? "'" : ", '") + leaf + "'";
       }
       throw std::invalid_argument("LoRA target '" + t + "' names no Linear layer of this " + cfg.family() +
-                                  " model; its layers: " + known + " (or all-linear)");
+                                  " model; its layers: " + known + " (a target is a layer's name or the end of its "
+                                  "qualified name, as in PEFT; or all-linear)");
     }
   }
   for (auto& p : model.parameters()) p.set_requires_grad(false);

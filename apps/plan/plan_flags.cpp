@@ -89,14 +89,12 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
   app.add_option("--attention", f.attention, "GPT attention kernel, as fsdp-train's --attention")
       ->check(CLI::IsMember({"auto", "flash", "math"}))->group("Model");
 
-  app.add_option("--lora-rank", f.lora_rank,
-                 "Plan a LoRA fine-tune: adapters of this rank on --lora-target-modules, every other parameter "
-                 "frozen (no grads, no optimizer state), as fsdp-train's --lora-rank (0: a full fine-tune)")
-      ->check(int_in(0, 1 << 16))->group("Model");
-  app.add_option("--lora-target-modules", f.lora_target_modules,
-                 "Comma-separated layer names that get an adapter (c_attn; q_proj,v_proj; all-linear); default: "
-                 "PEFT's for the family (GPT-2 c_attn, Llama q_proj,v_proj)")
-      ->group("Model");
+  apps::train::add_lora_flags(app, &f.lora_rank, &f.lora_target_modules, "Model");
+  // fsdp-train's other LoRA flags change no byte and no FLOP: taken, so that its command line plans as it is.
+  app.add_option("--lora-alpha", f.lora_alpha, "As fsdp-train's; it changes neither memory nor time")
+      ->check(apps::train::real_in(0.0, 1e12, /*lo_open=*/true))->group("Model");
+  app.add_option("--lora-dropout", f.lora_dropout, "As fsdp-train's; it changes neither memory nor time")
+      ->check(apps::train::real_below(0.0, 1.0))->group("Model");
   app.add_option("--world-size", f.world_size, "Ranks (GPUs or processes) in the data-parallel group")
       ->check(int_in(1, int64_t(1) << 20))->group("Parallelism");
   app.add_option("--ranks-per-node", f.ranks_per_node, "Ranks per node (0: the profile's)")
@@ -212,7 +210,12 @@ fp::ModelSpec base_model(const PlanFlags& f);
 
 fp::ModelSpec resolve_model(const PlanFlags& f) {
   if (f.lora_rank == 0) {
-    if (!f.lora_target_modules.empty()) throw UsageError("--lora-target-modules needs --lora-rank R");
+    if (!f.lora_target_modules.empty() || f.lora_alpha || f.lora_dropout) {
+      throw UsageError(std::string(!f.lora_target_modules.empty() ? "--lora-target-modules"
+                                   : f.lora_alpha                   ? "--lora-alpha"
+                                                                    : "--lora-dropout") +
+                       " needs --lora-rank R");
+    }
     return base_model(f);
   }
   if (!f.params.empty()) {
@@ -221,7 +224,7 @@ fp::ModelSpec resolve_model(const PlanFlags& f) {
   try {
     return fp::with_lora(base_model(f), f.lora_rank, fp::split_lora_targets(f.lora_target_modules));
   } catch (const fsdp::Error& e) {
-    throw UsageError("--lora-*: " + e.message());
+    throw UsageError("--lora-target-modules: " + e.message());
   }
 }
 

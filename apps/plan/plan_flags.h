@@ -26,6 +26,7 @@ struct PlanFlags {
   std::string attention = "auto";
   int64_t lora_rank = 0;            ///< > 0: a LoRA fine-tune (fsdp::planner::with_lora), as fsdp-train's flag
   std::string lora_target_modules;  ///< comma-separated; "" the family's default
+  std::optional<double> lora_alpha, lora_dropout;  ///< fsdp-train's; accepted, they change no plan
   // Parallelism
   int64_t world_size = 1;
   int64_t ranks_per_node = 0;  ///< 0: the profile's

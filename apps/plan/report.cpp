@@ -126,7 +126,12 @@ std::string split_line(const fp::Plan& p) {
   const std::string opt = fp::to_string(st.optimizer);
   const std::string lp = fp::to_string(st.precision);
   std::ostringstream os;
-  os << "Model state per parameter (unsharded): " << num(e.total(), "%.0f") << " B = params " << num(e.params, "%.0f")
+  int64_t trainable = 0;
+  for (const auto& u : p.inputs.model.units) trainable += u.trainable_numel();
+  const bool frozen = trainable < p.inputs.model.num_params();
+  os << "Model state per " << (frozen ? "trainable " : "") << "parameter (unsharded"
+     << (frozen ? "; a frozen one: its params' 4 B only" : "") << "): " << num(e.total(), "%.0f") << " B = params "
+     << num(e.params, "%.0f")
      << " (fp32 master rows) + grads " << num(e.grads, "%.0f") << " (fp32) + optimizer " << num(e.optimizer, "%.0f")
      << " (" << opt << (st.optimizer == fp::OptimizerKind::kAdamW ? " m, v" : "") << ", fp32)";
   if (st.precision != fp::Precision::kFp32) {

@@ -171,6 +171,10 @@ def first_hour(bin_path):
           f"LoRA: optimizer state and grads of the adapters only: {lora['model_state']}")
     check(lora["model_state"]["sharded_param_bytes"] > full["model_state"]["sharded_param_bytes"],
           "the frozen base keeps its fp32 rows (plus the adapters')")
+    same = json.loads(plan(bin_path, "--model", "llama2-7b", "--world-size", "2", "--strategy", "full_shard",
+                           "--lora-rank", "8", "--lora-alpha", "16", "--lora-dropout", "0.1", "--json").stdout)
+    check(by_strategy(same)["full_shard"]["model_state"] == lora["model_state"],
+          "fsdp-train's --lora-alpha and --lora-dropout are taken and change no byte")
     p = plan(bin_path, "--model", "llama2-7b", "--lora-rank", "8", "--lora-target-modules", "c_attn", expect_rc=2)
     check("LoRA target 'c_attn' names no Linear layer of llama2-7b" in p.stderr, f"a wrong target: {p.stderr!r}")
 

@@ -89,9 +89,9 @@ def test_parity(opts, tmp):
           and "Exception raised from" not in out,
           "--backend gloo under mpirun with RANK and WORLD_SIZE set is refused (exit 2): %s" % out[-1500:])
     errors = [l for l in p.stderr.splitlines() if "error:" in l]
-    check(len(errors) == 2 and all(re.match(r"\[1,(\d)\]<stderr>:fsdp-train \[rank \1\]: error: \[fsdp rank \1\] "
+    check(len(errors) == 2 and all(re.match(r"\[1,(\d)\]<stderr>:fsdp-train \[rank \1\]: error: "
                                             r"gloo rendezvous: .*launch with torchrun$", l) for l in errors),
-          "each rank's error line comes out whole, once: %r" % errors)
+          "each rank's error line comes out whole, once, naming its rank once: %r" % errors)
 
 
 def rank_pids(marker):

@@ -21,11 +21,14 @@ banner, no backtrace.
     130; SIGINT to mpirun, which stops its ranks with SIGTERM) says in one line the step it was in,
     the newest checkpoint and the --resume that continues it; interrupted before its first save,
     that no checkpoint was written; its checkpoint resumed with another --n-head (the same shapes)
-    is refused naming both head counts.
+    is refused naming both head counts;
+  * ranks given another run's checkpoint (same name and sequence) under --resume, or another
+    file under --import, at the same path: refused before step 1.
 Exit 0: pass; 77: skipped (no data / no mpirun); anything else: fail.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -33,8 +36,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import (TINY, check, events, expect_error, launch_prefix, launcher, run, run_main,  # noqa: E402
-                        write_manifest)
+from e2e_common import (TINY, as_the_ranks_ended, check, events, expect_error, launch_prefix, launcher,  # noqa: E402
+                        mpmd_command, run, run_main, write_manifest)
 
 
 def edit_manifest(ckpt_dir, fn, seal=True):
@@ -227,7 +230,8 @@ def interrupt(opts, tmp, tag, n, wait_for_checkpoint):
 
 def test_interrupt(opts, tmp):
     rc, out, newest = interrupt(opts, tmp, "sigint", 1, True)
-    lines = [l for l in out.splitlines() if "fsdp-train: interrupted by SIGINT during step " in l]
+    lines = [l for l in out.splitlines() if re.match(r"fsdp-train: interrupted by SIGINT (during step|while saving the "
+                                                     r"checkpoint of step) \d+ of 100000; ", l)]
     check(rc == 130 and newest and len(lines) == 1 and
           ("; the newest checkpoint is %s: to continue, run the same command with --resume %s (or --resume latest)" %
            (newest, newest)) in lines[0] and "Traceback" not in out and "MPI_ABORT" not in out,
@@ -237,8 +241,8 @@ def test_interrupt(opts, tmp):
                  "the checkpoint's model has n_head 4, this run's 8")
     if launcher() == "mpirun":
         rc, out, newest = interrupt(opts, tmp, "mpirun", 2, True)
-        lines = [l for l in out.splitlines() if "fsdp-train: stopped by SIGTERM during step " in l or
-                 "fsdp-train: interrupted by SIGINT during step " in l]
+        lines = [l for l in out.splitlines() if re.match(r"fsdp-train: (stopped by SIGTERM|interrupted by SIGINT) "
+                                                         r"(during step|while saving the checkpoint of step) \d+ ", l)]
         check(rc != 0 and newest and len(lines) == 1 and ("the newest checkpoint is %s" % newest) in lines[0],
               "SIGINT to mpirun: exit %d, rank 0's one line naming %s: %r" % (rc, newest, lines or out[-300:]))
     rc, out, newest = interrupt(opts, tmp, "nosave", 1, False)
@@ -247,10 +251,32 @@ def test_interrupt(opts, tmp):
           "SIGINT to a run without --save: exit %d: %r" % (rc, out[-300:]))
 
 
+def test_other_contents_at_one_path(opts, tmp):
+    """Ranks that see different files at the same path (hosts with disks of their own): another
+    run's checkpoint of the same name and sequence under --resume, another file under --import.
+    Refused before step 1, naming the ranks, not trained to the end."""
+    for seed in ("1", "2"):
+        host = os.path.join(tmp, "host-" + seed)
+        os.makedirs(host)
+        p = run(["--steps", "1", "--seed", seed, "--save", os.path.join(host, "ck"), "--export",
+                 os.path.join(host, "w.pt")], 2, opts)
+        check(p.returncode == 0, "seed %s: a checkpoint and an export" % seed)
+    for args, needle in ((["--resume", "ck/step-000000001"], "ranks resolved different checkpoints"),
+                         (["--import", "w.pt"], "the ranks read different files at this path: rank(s) 1")):
+        side = [os.path.abspath(opts.bin), "--data-dir", os.path.abspath(opts.data_dir)] + TINY + ["--steps", "2"] + args
+        cmd = mpmd_command([(1, side, os.path.join(tmp, "host-1")), (1, side, os.path.join(tmp, "host-2"))])
+        p = as_the_ranks_ended(subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                              env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=120))
+        line = next((l for l in p.stderr.splitlines() if "fsdp-train: error:" in l), "")
+        check(p.returncode != 0 and needle in line and "step 1/" not in p.stdout,
+              "%s: other contents at one path: exit %d, %r" % (args, p.returncode, line[-300:] or p.stderr[-600:]))
+
+
 def test_all(opts, tmp):
     test_interrupt(opts, tmp)
     full = test_nonfinite_and_resume(opts, tmp)
     test_import(opts, tmp, full)
+    test_other_contents_at_one_path(opts, tmp)
 
 
 def main():

@@ -87,9 +87,13 @@ def test_lora(opts, tmp):
       left) exports the same adapter and merged model bit for bit; its step-2 checkpoint resumed at
       N = 3 trains steps 3 and 4 to the N = 2 run's losses (1e-4 relative: another reduction order).
     * Llama (grouped-query attention, n_kv_head 2) at N = 3, all-linear, rank 2: the same checks.
-    * Usage errors (one line, exit 2): a target no layer has, --export-adapter without --lora-rank,
-      --import with --lora-rank, an empty target name, a mistyped --data (named as such, not as a
-      missing tokenizer)."""
+    * Resuming with another --lora-alpha (the same shapes) or --lora-rank is refused naming the
+      LoRA flags; --lora-dropout 0.5 gives the same losses with and without --meta-init; targets
+      by PEFT's qualified name (transformer.h.0.attn.c_attn) and by suffix.
+    * Usage errors (one line, exit 2, before step 1): a target no layer has, --export-adapter without
+      --lora-rank, --import with --lora-rank, an empty target name, --export-adapter into the
+      --init-from-hf directory or --export-hf's, or at a file, a mistyped --data (named as such,
+      not as a missing tokenizer)."""
     try:
         import torch
         from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
@@ -142,6 +146,23 @@ def test_lora(opts, tmp):
                    "--resume", os.path.join(ck, "step-000000002")], 2, expect_ok=False)
     check(p.returncode == 2 and "the checkpoint's model has lora_alpha 8, this run's 16" in error_line(p),
           "another --lora-alpha (the same shapes) is refused: exit %d, %r" % (p.returncode, error_line(p)))
+    p = run(opts, ["--init-from-hf", gpt_dir, "--lora-rank", "2", "--steps", "4",
+                   "--resume", os.path.join(ck, "step-000000002")], 2, expect_ok=False)
+    check(p.returncode == 1 and "the checkpoint's LoRA adapters are not this run's (another --lora-rank" in error_line(p),
+          "another --lora-rank: named as such: exit %d, %r" % (p.returncode, error_line(p)[:300]))
+    # Dropout masks come from --seed after the build: --meta-init (a base read, not drawn) changes no
+    # step. PEFT's qualified names (transformer.h.0...) and suffixes name the layers.
+    drop = []
+    for meta in ([], ["--meta-init"]):
+        md = os.path.join(tmp, "drop%d.jsonl" % len(drop))
+        run(opts, ["--init-from-hf", gpt_dir, "--lora-rank", "4", "--lora-dropout", "0.5", "--steps", "3",
+                   "--lora-target-modules", "transformer.h.0.attn.c_attn,c_fc", "--metrics", md] + meta, 2)
+        drop.append(events(md, "step"))
+    check([s["loss"] for s in drop[0]] == [s["loss"] for s in drop[1]],
+          "--lora-dropout 0.5: the same losses with and without --meta-init: %s, %s" %
+          ([s["loss"] for s in drop[0]], [s["loss"] for s in drop[1]]))
+    check(events(md, "config")[0]["lora"]["layers"] == ["h.0.attn.c_attn", "h.0.mlp.c_fc", "h.1.mlp.c_fc"],
+          "targets by PEFT's qualified name and by suffix: %s" % events(md, "config")[0]["lora"]["layers"])
     # Resuming the step-2 checkpoint at N = 3 trains on: its steps 3 and 4 follow the N = 2 run's losses.
     m3 = os.path.join(tmp, "gpt3.jsonl")
     run(opts, ["--init-from-hf", gpt_dir, "--lora-rank", "4", "--lora-alpha", "8", "--steps", "4",
@@ -165,10 +186,19 @@ def test_lora(opts, tmp):
 
     for args, needle in (
             (["--init-from-hf", gpt_dir, "--lora-rank", "4", "--lora-target-modules", "q_proj"],
-             "LoRA target 'q_proj' names no Linear layer of this gpt model; its layers: 'c_attn', 'c_proj', 'c_fc'"),
+             "--lora-target-modules: LoRA target 'q_proj' names no Linear layer of this gpt model; its layers: 'c_attn', "
+             "'c_proj', 'c_fc'"),
             (["--export-adapter", out["a2"]], "--export-adapter: needs --lora-rank R"),
             (["--lora-rank", "2", "--import", os.path.join(tmp, "none.pt")], "--import: cannot be combined with --lora-rank"),
             (["--lora-rank", "2", "--lora-target-modules", "c_attn,,c_fc"], "an empty name in the list"),
+            # Exports that would change the model read, or hold a model and an adapter at once.
+            (["--init-from-hf", gpt_dir, "--lora-rank", "2", "--export-adapter", gpt_dir],
+             "--export-adapter: is --init-from-hf's directory"),
+            (["--init-from-hf", gpt_dir, "--lora-rank", "2", "--export-adapter", out["a2"], "--export-hf", out["a2"]],
+             "--export-adapter: is --export-hf's directory too"),
+            # Checked before step 1, not after training.
+            (["--init-from-hf", gpt_dir, "--lora-rank", "2", "--export-adapter", os.path.join(gpt_dir, "config.json")],
+             "--export-adapter '%s': cannot create the directory" % os.path.join(gpt_dir, "config.json")),
             # A mistyped --data beside --init-from-hf is that, not a missing tokenizer.
             (["--init-from-hf", gpt_dir, "--lora-rank", "2", "--data", os.path.join(tmp, "x.bin")],
              "--data: no file or folder at '%s'" % os.path.join(tmp, "x.bin"))):

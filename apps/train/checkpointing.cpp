@@ -148,6 +148,14 @@ Resumed resume(const TrainConfig& c, const models::ModelConfig& model_config,
     } catch (const fsdp::Error& e) {
       // [Note: no silent fallback] The newest checkpoint's files are damaged: the run stops, and
       // says which older checkpoint an explicit --resume could take instead.
+      const bool adapters = e.message().find(".lora_A.") != std::string::npos ||
+                            e.message().find(".lora_B.") != std::string::npos;
+      if (e.kind() == fsdp::ErrorKind::kInvalidArgument && adapters) {  // the LoRA flags differ from the writer's
+        throw fsdp::Error(e.kind(), e.where(),
+                          "the checkpoint's LoRA adapters are not this run's (another --lora-rank or "
+                          "--lora-target-modules, or adapters on one side only): resume with the --lora-* flags "
+                          "that wrote it. " + e.message());
+      }
       if (!in_save || e.kind() != fsdp::ErrorKind::kCorruptData) throw;
       const std::string said = e.message();
       if (said.find("name it explicitly") != std::string::npos ||

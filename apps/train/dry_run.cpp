@@ -58,7 +58,7 @@ DryRunReport run_dry_run(const TrainConfig& c) {
     try {
       models::add_lora(*models::build_model(cfg, at::kMeta), lora, cfg, at::TensorOptions().device(at::kMeta), c.seed);
     } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("--lora-*: ") + e.what());
+      throw UsageError(std::string("--lora-target-modules: ") + e.what());
     }
   }
   spec.build = [cfg, lora, seed = c.seed] {

@@ -75,6 +75,16 @@ fsdp::comm::ProcessGroupOptions group_options(const TrainConfig& c) {
   return o;
 }
 
+namespace {
+
+// e.what() without its "[fsdp rank R] " when R is this rank: the line already says "[rank R]".
+std::string own_what(const std::exception& e, int rank) {
+  const std::string w = e.what(), tag = "[fsdp rank " + std::to_string(rank) + "] ";
+  return w.rfind(tag, 0) == 0 ? w.substr(tag.size()) : w;
+}
+
+}  // namespace
+
 int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder_dir, double agree_s,
                     const std::string& strategy) {
   const int rank = world_rank();
@@ -89,7 +99,7 @@ int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder
     if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;
     return 2;
   } catch (const LaunchError& e) {
-    std::cerr << "fsdp-train [rank " << rank << "]: error: " << e.what() << std::endl;
+    std::cerr << "fsdp-train [rank " << rank << "]: error: " << own_what(e, rank) << std::endl;
     return 2;
   } catch (const CheckpointError& e) {
     if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;
@@ -115,7 +125,7 @@ int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder
       }
       return 1;
     }
-    std::cerr << "fsdp-train [rank " << rank << "]: error: " << e.what() << remedy << std::endl;
+    std::cerr << "fsdp-train [rank " << rank << "]: error: " << own_what(e, rank) << remedy << std::endl;
   } catch (const RunError& e) {
     if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;
     return 1;
@@ -130,10 +140,10 @@ int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder
       if (rank == 0) std::cerr << "fsdp-train: error: " << e.what() << std::endl;
       return 1;
     }
-    std::cerr << "fsdp-train [rank " << rank << "]: error: " << e.what() << std::endl;
+    std::cerr << "fsdp-train [rank " << rank << "]: error: " << own_what(e, rank) << std::endl;
     if (e.kind() == fsdp::ErrorKind::kTimeout) diagnose_timeout(rank, flight_recorder_dir);
   } catch (const std::exception& e) {
-    std::cerr << "fsdp-train [rank " << rank << "]: error: " << e.what() << std::endl;
+    std::cerr << "fsdp-train [rank " << rank << "]: error: " << own_what(e, rank) << std::endl;
   } catch (...) {
     std::cerr << "fsdp-train [rank " << rank << "]: error: unknown exception" << std::endl;
   }

@@ -51,8 +51,11 @@ void quiet_interrupt_handlers() {
   std::signal(SIGTERM, SIG_DFL);
 }
 
-void set_interrupt_state(int64_t step, int64_t steps, const std::string& newest_checkpoint, const std::string& save_dir) {
+void set_interrupt_state(int64_t step, int64_t steps, const std::string& newest_checkpoint, const std::string& save_dir,
+                         bool saving) {
   std::string s = step > steps ? "after the last step (" + std::to_string(steps) + "), in the exports"
+                 : saving       ? "while saving the checkpoint of step " + std::to_string(step) + " of " +
+                                std::to_string(steps) + " (left incomplete, unused)"
                  : step > 0     ? "during step " + std::to_string(step) + " of " + std::to_string(steps)
                                 : std::string("before step 1 (set-up)");
   if (!newest_checkpoint.empty()) {

@@ -23,6 +23,8 @@ void quiet_interrupt_handlers();
 /// and the newest complete checkpoint (empty: none; `save_dir` is --save, empty without it).
 /// Called by the trainer between steps and after each save. Not collective; not thread-safe
 /// (one caller), safe against the handler (the line is built here and swapped in whole).
-void set_interrupt_state(int64_t step, int64_t steps, const std::string& newest_checkpoint, const std::string& save_dir);
+/// `saving`: the checkpoint of `step` is being written (the step itself is done).
+void set_interrupt_state(int64_t step, int64_t steps, const std::string& newest_checkpoint, const std::string& save_dir,
+                         bool saving = false);
 
 }  // namespace apps::train

@@ -130,13 +130,20 @@ std::string local_problem(const TrainConfig& c, const PreflightFacts& f, int ran
   }
   if (rank != 0) return why;
   if (why.empty() && !c.export_path.empty()) why = check_file_target("--export", c.export_path, rank, f.export_bytes);
-  if (why.empty() && !c.export_hf.empty()) {
+  // The Hugging Face directories: created now (as --save's), probed with their main file.
+  struct HfDir {
+    const char* flag;
+    const std::string& dir;
+    const char* file;
+    int64_t bytes;
+  };
+  for (const HfDir& d : {HfDir{"--export-hf", c.export_hf, "model.safetensors", f.export_bytes},
+                         HfDir{"--export-adapter", c.export_adapter, "adapter_model.safetensors", int64_t(1) << 20}}) {
+    if (!why.empty() || d.dir.empty()) continue;
     std::error_code ec;
-    fs::create_directories(c.export_hf, ec);  // as --save's directory
-    if (ec && !fs::is_directory(c.export_hf)) {
-      why = "--export-hf '" + c.export_hf + "': cannot create the directory: " + ec.message();
-    }
-    if (why.empty()) why = check_file_target("--export-hf", (fs::path(c.export_hf) / "model.safetensors").string(), rank, f.export_bytes);
+    fs::create_directories(d.dir, ec);
+    if (ec && !fs::is_directory(d.dir)) why = std::string(d.flag) + " '" + d.dir + "': cannot create the directory: " + ec.message();
+    if (why.empty()) why = check_file_target(d.flag, (fs::path(d.dir) / d.file).string(), rank, d.bytes);
   }
   if (why.empty() && !c.metrics.empty()) why = check_file_target("--metrics", c.metrics, rank, 0);
   if (why.empty() && !c.trace.empty()) why = check_file_target("--trace", c.trace, rank, 0);

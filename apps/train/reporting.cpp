@@ -231,7 +231,7 @@ void print_start(Console& console, const TrainConfig& c, const RunFacts& f,
     alpha.erase(alpha.find_last_not_of('0') + 1);
     if (!alpha.empty() && alpha.back() == '.') alpha.pop_back();
     console.line("LoRA: rank " + std::to_string(c.lora_rank) + ", alpha " + alpha + ", adapters on " +
-                 std::to_string(f.lora_layers.size()) + " layers; " + fsdp::planner::format_count(f.lora_trainable) +
+                 std::to_string(f.lora_layers.size()) + (f.lora_layers.size() == 1 ? " layer; " : " layers; ") + fsdp::planner::format_count(f.lora_trainable) +
                  " trainable params (" + share + "), the base frozen");
   }
 }

@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
 #include <iostream>
 #include <limits>
 
@@ -269,21 +270,12 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--export-hf-dtype", c.export_hf_dtype,
                  "Dtype of the --export-hf tensors, cast from the fp32 master weights: fp32 or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}))->group("Checkpoints");
-  app.add_option("--lora-rank", c.lora_rank,
-                 "LoRA fine-tune: add adapters of this rank to the --lora-target-modules layers and freeze "
-                 "every other parameter; only the adapters hold gradients and optimizer state (0: a full "
-                 "fine-tune)")
-      ->check(int_in(0, 1 << 16))->group("LoRA");
+  add_lora_flags(app, &c.lora_rank, &c.lora_target_modules, "LoRA");
   app.add_option("--lora-alpha", c.lora_alpha, "LoRA's alpha: the adapters' update is scaled by alpha / rank (PEFT's "
                                                "default 8)")
       ->check(real_in(0.0, 1e12, /*lo_open=*/true))->group("LoRA");
   app.add_option("--lora-dropout", c.lora_dropout, "Dropout on the adapters' input in training, in [0, 1)")
       ->check(real_below(0.0, 1.0))->group("LoRA");
-  app.add_option("--lora-target-modules", c.lora_target_modules,
-                 "Comma-separated layer names that get an adapter, as PEFT's target_modules (c_attn; q_proj,v_proj; "
-                 "all-linear: every Linear of the blocks); default: PEFT's for the family (GPT-2 c_attn, Llama "
-                 "q_proj,v_proj)")
-      ->group("LoRA");
   app.add_option("--export-adapter", c.export_adapter,
                  "After training, write the adapters alone to this directory in PEFT's format "
                  "(adapter_model.safetensors, adapter_config.json): PeftModel.from_pretrained(base, DIR) loads "
@@ -397,6 +389,24 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
     } else if (!c.import_path.empty()) {
       throw CLI::ValidationError("--import", "cannot be combined with --lora-rank: the file holds no adapters; start "
                                              "a LoRA fine-tune from --init-from-hf DIR (or a preset)");
+    }
+    {  // Directories that would hold two models, or overwrite the one being read.
+      namespace fs = std::filesystem;
+      auto same = [](const std::string& a, const std::string& b) {
+        if (a.empty() || b.empty()) return false;
+        std::error_code ec;
+        return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+      };
+      if (same(c.export_adapter, c.init_from_hf) || same(c.export_hf, c.init_from_hf)) {
+        const std::string flag = same(c.export_adapter, c.init_from_hf) ? "--export-adapter" : "--export-hf";
+        throw CLI::ValidationError(flag, "is --init-from-hf's directory '" + c.init_from_hf + "': the export would "
+                                         "change the model it starts from (transformers would then load the base with "
+                                         "the adapter, or the merged weights); give another directory");
+      }
+      if (same(c.export_adapter, c.export_hf)) {
+        throw CLI::ValidationError("--export-adapter", "is --export-hf's directory too: a directory of both a model "
+                                                       "and an adapter loads ambiguously; give two directories");
+      }
     }
     if (c.dry_run && !c.export_adapter.empty()) {
       throw CLI::ValidationError("--export-adapter", "has no effect with --dry-run (which accounts model state only, "

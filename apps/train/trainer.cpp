@@ -45,6 +45,7 @@ void Trainer::eval_now(int64_t step) {
 void Trainer::save_now() {
   const double t0_us = trace_.now_us();
   const fsdp::ActivityScope activity(nullptr, "checkpoint save");
+  set_interrupt_state(progress_.step, cfg_.steps, newest_checkpoint_, cfg_.save, /*saving=*/true);
   const Saved saved = save(cfg_, progress_, model_config_, model_, *optimizer_, loss_scaling_, group_);
   trace_.add("checkpoint save", "compute", 0, t0_us, trace_.now_us() - t0_us);
   newest_checkpoint_ = saved.path;

@@ -115,9 +115,14 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
         facts_.lora_layers = models::add_lora(*model_, lora, mcfg, at::TensorOptions().device(cfg_.meta_init ? at::kMeta : at::kCPU),
                                               cfg_.seed);
       } catch (const std::invalid_argument& e) {
-        throw UsageError(std::string("--lora-*: ") + e.what());
+        throw UsageError(std::string("--lora-target-modules: ") + e.what());
       }
       facts_.lora_trainable = models::lora_counts(*model_).trainable;
+      if (cfg_.init_from_hf.empty()) {
+        console_.line("note: LoRA over a randomly initialised " + cfg_.model + " (no --init-from-hf): the adapters "
+                      "fit this base only; --export-hf writes it merged with them, --export-adapter's "
+                      "base_model_name_or_path is null");
+      }
     }
     model_->set_activation_checkpointing(cfg_.activation_checkpointing);
     if (!cfg_.meta_init) check_identical_init(*model_, *group_);
@@ -140,6 +145,9 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
     fsdp::materialize(model_, models::model_init(mcfg));
   }
   facts_.import_s = import_weights(cfg_, model_, group_) + import_hf_weights(cfg_, mcfg, model_, group_);
+  // The generator training draws from (LoRA's dropout masks) starts from --seed, whatever the build
+  // drew before (a meta build of a base read from a file draws nothing): --meta-init changes no step.
+  torch::manual_seed(cfg_.seed);
   optimizer_ = make_optimizer(model_, mcfg, cfg_);
   const Resumed resumed = resume(cfg_, mcfg, model_, *optimizer_, loss_scaling_, group_);
   progress_ = resumed.progress;

@@ -75,6 +75,18 @@ CLI::Validator real_in(double lo, double hi, bool lo_open) { return real_check(l
 
 CLI::Validator real_below(double lo, double hi) { return real_check(lo, hi, false, true); }
 
+void add_lora_flags(CLI::App& app, int64_t* rank, std::string* targets, const std::string& group) {
+  app.add_option("--lora-rank", *rank,
+                 "A LoRA fine-tune: adapters of this rank on the --lora-target-modules layers, every other "
+                 "parameter frozen (no gradients, no optimizer state); 0: a full fine-tune")
+      ->check(int_in(0, 1 << 16))->group(group);
+  app.add_option("--lora-target-modules", *targets,
+                 "Comma-separated layer names that get an adapter, as PEFT's target_modules (c_attn; q_proj,v_proj; "
+                 "all-linear: every Linear of the blocks); default: PEFT's for the family (GPT-2 c_attn, Llama "
+                 "q_proj,v_proj)")
+      ->group(group);
+}
+
 void reject_empty_values(const CLI::App& app, const std::vector<std::string>& args) {
   for (const std::string& a : args) {
     if (a == "-h" || a == "--help") return;  // help wins

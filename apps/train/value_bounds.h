@@ -22,6 +22,10 @@ CLI::Validator real_in(double lo, double hi, bool lo_open = false);
 /// A real number in [lo, hi) (upper bound excluded, e.g. an Adam beta below 1).
 CLI::Validator real_below(double lo, double hi);
 
+/// The LoRA flags fsdp-train and fsdp-plan share, defined once: --lora-rank (into *rank, in
+/// [0, 65536]) and --lora-target-modules (into *targets, a comma-separated list), in `group`.
+void add_lora_flags(CLI::App& app, int64_t* rank, std::string* targets, const std::string& group);
+
 /// A boolean flag value: true|false, 1|0, yes|no, on|off (any case). Rejects other text with
 /// "'VALUE' is not true or false (...)" instead of CLI11's "Could not convert".
 CLI::Validator boolean_word();

@@ -10,6 +10,22 @@ ErrorContext Agreement::in_phase(const char* phase) const {
   return ErrorContext{g_.rank(), "", str_cat(op_, " (", phase, ")")};
 }
 
+void Agreement::check_same_contents(uint64_t fingerprint) {
+  at::Tensor mine = at::tensor({static_cast<int64_t>(fingerprint)}, at::kLong);
+  at::Tensor all = at::empty({g_.size()}, at::kLong);
+  g_.all_gather_into_tensor(all, mine)->wait();
+  run("comparing the ranks' files", [&] {
+    std::string differ;
+    for (int r = 0; r < g_.size(); ++r) {
+      if (all[r].item<int64_t>() != all[0].item<int64_t>()) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    }
+    FSDP_CHECK(differ.empty(), ErrorKind::kInvalidArgument, in_phase("comparing the ranks' files"),
+               "the ranks read different files at this path: rank(s) ", differ,
+               " hold other contents than rank 0 (fingerprints of what each read differ); give every rank the same "
+               "files");
+  });
+}
+
 Error Agreement::placed(const Error& e, const char* phase) const {
   std::string message = e.message();
   if (e.where().rank >= 0 || message.rfind("[fsdp rank ", 0) == 0) return e;  // already placed

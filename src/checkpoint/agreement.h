@@ -10,6 +10,7 @@
 // nothing unless every rank has read and verified everything it needs.
 #pragma once
 
+#include <cstdint>
 #include <exception>
 #include <filesystem>
 #include <new>
@@ -53,6 +54,12 @@ class Agreement {
 
   /// {this rank, "", "<op> (<phase>)"}.
   ErrorContext in_phase(const char* phase) const;
+
+  /// Every rank read the same contents: `fingerprint` (a hash of what this rank read) is
+  /// all-gathered and compared with rank 0's, in the phase "comparing the ranks' files"; ranks
+  /// that differ are named (kInvalidArgument: the same path holds other contents there, as on
+  /// hosts with disks of their own). Collective and blocking, as run.
+  void check_same_contents(uint64_t fingerprint);
 
  private:
   /// e with this rank and the phase, when its thrower did not know the rank (its own op, if any,

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "agreement.h"
+#include "fsdp/common/hash.h"
 #include "param_views.h"
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/fully_shard.h"
@@ -97,12 +98,19 @@ void import_full(const std::string& path, const std::shared_ptr<torch::nn::Modul
   const ErrorContext who{rank, "", "import_full '" + path + "'"};
   Agreement agree(*group, "import_full '" + path + "'");
   std::map<std::string, at::Tensor> params, buffers;
+  uint64_t fingerprint = fnv1a64("", 0);  // of every name, dtype, shape and byte read
   agree.run("reading and validating", [&] {
     check_no_pending_gradients(root, who);
     std::map<std::string, at::Tensor> all;
     for (auto& [name, t] : read_torch_tensor_dict(path, who)) {
       FSDP_CHECK(all.emplace(name, t).second, ErrorKind::kCorruptData, who, "key '", name,
                  "' appears twice in the file");
+    }
+    for (const auto& [name, t] : all) {
+      const at::Tensor c = t.contiguous();
+      const std::string head = name + "#" + std::string(c10::toString(c.scalar_type())) + "#" + shard::shape_to_string(c.sizes().vec());
+      fingerprint = fnv1a64(head.data(), head.size(), fingerprint);
+      fingerprint = fnv1a64(c.data_ptr(), c.nbytes(), fingerprint);
     }
     all = without_wrapper_prefix(std::move(all), root);
     for (const auto& sp : sharded_parameters(root)) {
@@ -131,6 +139,8 @@ void import_full(const std::string& path, const std::shared_ptr<torch::nn::Modul
     FSDP_CHECK(all.empty(), ErrorKind::kInvalidArgument, who, "the file has ", all.size(),
                " tensors the model does not, e.g. '", all.empty() ? "" : all.begin()->first, "'");
   });
+  // Every rank must have read the same file: the same path may hold another file on another host.
+  agree.check_same_contents(fingerprint);
   agree.run("applying", [&] {
     load_full_state_dict(root, params);
     at::NoGradGuard no_grad;

@@ -94,19 +94,7 @@ SafetensorsImportReport import_safetensors(const std::string& dir, const std::sh
   });
   // Every rank must read the same checkpoint: the same path may hold different copies on
   // different hosts (or a copy being replaced).
-  at::Tensor mine = at::tensor({static_cast<int64_t>(fingerprint)}, at::kLong);
-  at::Tensor all = at::empty({group->size()}, at::kLong);
-  group->all_gather_into_tensor(all, mine)->wait();
-  agree.run("comparing the ranks' files", [&] {
-    std::string differ;
-    for (int r = 0; r < group->size(); ++r) {
-      if (all[r].item<int64_t>() != all[0].item<int64_t>()) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
-    }
-    FSDP_CHECK(differ.empty(), ErrorKind::kInvalidArgument, who,
-               "the ranks read different files at this path: rank(s) ", differ,
-               " hold other contents than rank 0 (fingerprints of sizes, headers and sampled data differ); give every "
-               "rank the same checkpoint");
-  });
+  agree.check_same_contents(fingerprint);
   agree.run("reading the rows", [&] {
     at::NoGradGuard no_grad;
     for (const auto& [v, src] : plan) {

@@ -2,6 +2,7 @@
 // Phases end with an Agreement (agreement.h, [Note: error agreement]).
 #include <ATen/ATen.h>
 
+#include <filesystem>
 #include <map>
 #include <string>
 
@@ -93,21 +94,24 @@ std::string load_sharded(const std::string& path, const std::shared_ptr<torch::n
   const std::string op = "load_sharded '" + path + "'";
   Agreement agree(g, op);
 
-  // Phase 0: every rank resolves the same checkpoint (a hash of its path and seq, max == -min).
+  // Phase 0: every rank resolves the same checkpoint (a hash of its path, seq and manifest text,
+  // max == -min). The manifest names every file's CRC-32: the same path on hosts with disks of
+  // their own may hold another run's checkpoint, with the same name and sequence number.
   std::string ckpt;
   Manifest m;
   at::Tensor id = at::zeros({2}, at::kLong);
   agree.run("resolving the checkpoint", [&] {
     ckpt = resolve_checkpoint(path);
     m = read_manifest(ckpt);
-    const int64_t h = static_cast<int64_t>(fnv1a64(ckpt + "#" + std::to_string(m.seq)) >> 2);
+    const std::string text = io::read_file((std::filesystem::path(ckpt) / "manifest.json").string());
+    const int64_t h = static_cast<int64_t>(fnv1a64(ckpt + "#" + std::to_string(m.seq) + "#" + text) >> 2);
     id[0] = h;
     id[1] = -h;
   });
   g.all_reduce(id, comm::ReduceOp::kMax, comm::OpTag{"", "checkpoint load"})->wait();
   FSDP_CHECK(id[0].item<int64_t>() == -id[1].item<int64_t>(), ErrorKind::kMismatch,
              ErrorContext{rank, "", op}, "ranks resolved different checkpoints (this rank: '", ckpt,
-             "'); is the directory shared by all ranks?");
+             "'; another path, or another manifest at the same path); is the directory shared by all ranks?");
 
   // Phase 1: validate and stage everything (no model / optimizer / extra write yet).
   Staged s;

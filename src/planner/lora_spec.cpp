@@ -3,6 +3,8 @@
 #include "fsdp/common/check.h"
 #include "fsdp/planner/model_spec.h"
 
+#include <algorithm>
+
 namespace fsdp::planner {
 namespace {
 
@@ -39,7 +41,13 @@ std::vector<std::string> lora_resolve_targets(BlockKind kind, const std::vector<
   if (targets.empty()) return lora_default_targets(kind);
   bool all = false;
   for (const auto& t : targets) all = all || t == "all-linear";
-  if (!all) return targets;
+  if (!all) {
+    // Hugging Face's qualified names (PEFT matches those) are these layers' with the family's prefix.
+    const std::string prefix = kind == BlockKind::kGpt ? "transformer." : "model.";
+    std::vector<std::string> out;
+    for (const auto& t : targets) out.push_back(t.rfind(prefix, 0) == 0 ? t.substr(prefix.size()) : t);
+    return out;
+  }
   FSDP_CHECK(targets.size() == 1, ErrorKind::kInvalidArgument, kLoraWhere,
              "LoRA target 'all-linear' stands alone, not beside other names");
   if (kind == BlockKind::kLlama) return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
@@ -91,8 +99,20 @@ ModelSpec with_lora(const ModelSpec& spec, int64_t rank, const std::vector<std::
     unit.params = std::move(params);
   }
   for (size_t i = 0; i < resolved.size(); ++i) {
-    FSDP_CHECK(used[i], ErrorKind::kInvalidArgument, kLoraWhere, "LoRA target '", resolved[i],
-               "' names no Linear layer of ", spec.name);
+    if (used[i]) continue;
+    std::vector<std::string> leaves;  // the layer names a target may end with
+    for (const auto& unit : spec.units) {
+      for (const auto& p : unit.params) {
+        const std::string layer = linear_layer(p);
+        const std::string leaf = layer.substr(layer.rfind('.') + 1);
+        if (!layer.empty() && std::find(leaves.begin(), leaves.end(), leaf) == leaves.end()) leaves.push_back(leaf);
+      }
+    }
+    std::string known;
+    for (const auto& l : leaves) known += (known.empty() ? "'" : ", '") + l + "'";
+    throw Error(ErrorKind::kInvalidArgument, kLoraWhere,
+                str_cat("LoRA target '", resolved[i], "' names no Linear layer of ", spec.name, "; its layers: ", known,
+                        " (a target is a layer's name or the end of its qualified name; or all-linear)"));
   }
   return out;
 }

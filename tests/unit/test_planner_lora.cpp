@@ -69,7 +69,17 @@ TEST(PlannerLora, TargetsAreResolvedAndCheckedOnce) {
   EXPECT_EQ(fp::lora_resolve_targets(fp::BlockKind::kGpt, {"all-linear"}),
             (std::vector<std::string>{"c_attn", "c_proj", "c_fc"}));
   const fp::ModelSpec nano = fp::gpt_model(fp::gpt_shape("nano", 8192), "nano");
-  EXPECT_EQ(message_of([&] { fp::with_lora(nano, 4, {"q_proj"}); }), "LoRA target 'q_proj' names no Linear layer of nano");
+  EXPECT_EQ(message_of([&] { fp::with_lora(nano, 4, {"q_proj"}); }),
+            "LoRA target 'q_proj' names no Linear layer of nano; its layers: 'c_attn', 'c_proj', 'c_fc' (a target is a "
+            "layer's name or the end of its qualified name; or all-linear)");
+  // Hugging Face's qualified names, as PEFT takes them, name the same layers.
+  EXPECT_EQ(fp::lora_resolve_targets(fp::BlockKind::kGpt, {"transformer.h.0.attn.c_attn"}),
+            (std::vector<std::string>{"h.0.attn.c_attn"}));
+  EXPECT_EQ(fp::lora_resolve_targets(fp::BlockKind::kLlama, {"model.layers.1.mlp.down_proj", "q_proj"}),
+            (std::vector<std::string>{"layers.1.mlp.down_proj", "q_proj"}));
+  int64_t one = 0;
+  for (const auto& u : fp::with_lora(nano, 4, {"transformer.h.0.attn.c_attn"}).units) one += u.trainable_numel();
+  EXPECT_EQ(one, 4 * (128 + 384)) << "one layer, block 0's";
   EXPECT_NE(message_of([&] { fp::with_lora(nano, 0, {}); }).find("LoRA rank 0 is not >= 1"), std::string::npos);
   EXPECT_NE(message_of([&] { fp::with_lora(nano, 4, {"all-linear", "c_fc"}); }).find("stands alone"), std::string::npos);
   EXPECT_NE(message_of([] { fp::with_lora(fp::params_only_model(1000, 2), 4, {}); }).find("parameter count alone"),
