@@ -108,6 +108,24 @@ def test_activations(opts, tmp):
                   "%s checkpointing=%s: measured activation bytes %d, planner %d" % (mp, ck, measured, planned))
             got[(mp, ck)] = measured
         check(got[(mp, True)] < got[(mp, False)], "%s: checkpointing keeps less" % mp)
+    # A LoRA fine-tune: a frozen layer keeps no input for a weight gradient, an adapter keeps its
+    # A's output; the default targets (c_attn) and all-linear, fp32.
+    for targets in ("c_attn", "all-linear"):
+        m = os.path.join(tmp, "act-lora-%s.jsonl" % targets)
+        launch(["--steps", "2", "--lora-rank", "4", "--lora-target-modules", targets, "--metrics", m], 1, opts)
+        cfg = events(m, "config")[0]
+        measured = max(e["mem"]["activation_bytes"] for e in events(m, "step"))
+        cmd = [opts.plan, "--json", "--model", cfg["model"], "--n-layer", str(cfg["n_layer"]),
+               "--n-head", str(cfg["n_head"]), "--n-embd", str(cfg["n_embd"]),
+               "--block-size", str(cfg["block_size"]), "--vocab-size", str(cfg["vocab_size"]),
+               "--attention", cfg["attention"], "--world-size", "1", "--strategy", cfg["strategy"],
+               "--global-batch-size", str(cfg["global_batch_size"]), "--micro-batch-size", str(cfg["micro_batch_size"]),
+               "--seq-len", str(cfg["seq_len"]), "--lora-rank", "4", "--lora-target-modules", targets]
+        planned = json.loads(subprocess.run(cmd, check=True, stdout=subprocess.PIPE,
+                                            text=True).stdout)["activations"]["total_saved_bytes"]
+        check(abs(planned - measured) <= 1e-3 * measured and measured < got[("fp32", False)],
+              "LoRA %s: measured activation bytes %d (full fine-tune %d), planner %d" %
+              (targets, measured, got[("fp32", False)], planned))
 
 
 # The --memory-budget demo (apps/README.md): a model whose no_shard state (16 bytes/param on every

@@ -205,7 +205,8 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
   };
   // What block j keeps from its forward to its backward (its input only where it is checkpointed).
   auto saved_by_block = [&](int64_t j) {
-    return setup.checkpoints_block(j) ? act.checkpointed_block_bytes : act.block_bytes;
+    return setup.checkpoints_block(j) ? act.checkpointed_block_bytes
+                                      : act.block_bytes - (j == 1 ? act.first_block_frozen_input_bytes : 0);
   };
 
   PeakBytes best;
@@ -246,7 +247,8 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
     m.sharded_grad_bytes = reduced;
     int64_t saved_before = 0;
     for (int64_t j = 1; j < b; ++j) saved_before += saved_by_block(j);
-    m.activation_bytes = act.root_lookup_bytes + saved_before + act.block_bytes;
+    m.activation_bytes = act.root_lookup_bytes + saved_before + act.block_bytes -
+                         (b == 1 ? act.first_block_frozen_input_bytes : 0);
     moments.consider(m);
     if (ddp) {
       ddp_buffers += reduce_buffers(b);

@@ -120,6 +120,7 @@ std::string plan_to_json(const Plan& plan) {
                       {"block_bytes", act.block_bytes},
                       {"block_input_bytes", act.block_input_bytes},
                       {"checkpointed_block_bytes", act.checkpointed_block_bytes},
+                      {"first_block_frozen_input_bytes", act.first_block_frozen_input_bytes},
                       {"root_bytes", act.root_bytes},
                       {"root_lookup_bytes", act.root_lookup_bytes},
                       {"loss_transient_bytes", act.loss_transient_bytes},

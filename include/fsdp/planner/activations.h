@@ -36,6 +36,10 @@ struct ActivationModel {
   /// All a block keeps under activation checkpointing: its input and the CPU generator state its
   /// recompute replays (kCpuGeneratorStateBytes).
   int64_t checkpointed_block_bytes = 0;
+  /// Of block_bytes, what the first block does not keep when the embeddings are frozen (a LoRA
+  /// base): its input requires no gradient, so its first norm saves neither its input nor its
+  /// statistics (0 otherwise, and where the block is checkpointed).
+  int64_t first_block_frozen_input_bytes = 0;
   int64_t root_bytes = 0;          ///< sum of `root`
   /// Of root_bytes, what stays until the end of backward: the embedding lookups' index tensors
   /// (the final norm's and the loss's tensors are freed by the head's backward, which runs first).
@@ -44,8 +48,8 @@ struct ActivationModel {
   /// gradient of the log-probs and of the logits, 2 x B*T*V*4 (fp32).
   int64_t loss_transient_bytes = 0;
   /// Saved bytes of all blocks and the root as kept through forward: per block block_bytes, or
-  /// checkpointed_block_bytes where the block is checkpointed (StepSetup::checkpoints_block), +
-  /// root_bytes.
+  /// checkpointed_block_bytes where the block is checkpointed (StepSetup::checkpoints_block), less
+  /// first_block_frozen_input_bytes for the first block, + root_bytes.
   int64_t total_saved_bytes = 0;
 };
 
