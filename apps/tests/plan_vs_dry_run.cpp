@@ -64,6 +64,14 @@ fsdp::DryRunSpec spec_for(const std::string& preset, int world_size, fsdp::Shard
   return spec;
 }
 
+// The dry run holds the planner's model state by kind, to the byte.
+void expect_state_equal(const fsdp::DryRunResult& dry, const fsdp::planner::ModelStateBytes& plan) {
+  EXPECT_EQ(dry.bytes.param_bytes + dry.bytes.master_weight_bytes,
+            plan.sharded_param_bytes + plan.resident_unsharded_param_bytes);
+  EXPECT_EQ(dry.bytes.grad_bytes, plan.sharded_grad_bytes);
+  EXPECT_EQ(dry.bytes.optim_state_bytes, plan.optim_state_bytes);
+}
+
 fsdp::planner::ModelSpec plan_model(const std::string& preset) {
   namespace pl = fsdp::planner;
   if (preset.rfind("llama", 0) == 0) return pl::llama_model(pl::llama_shape(preset), preset);
@@ -81,10 +89,7 @@ TEST(PlanVsDryRun, ModelStateBytesEqualTheEngineExactly) {
       par.world_size = n;
       const pl::ModelStateBytes plan = pl::model_state_bytes(model, par, pl::StepSetup{});
       EXPECT_EQ(dry.param_numel, model.num_params());
-      EXPECT_EQ(dry.bytes.param_bytes + dry.bytes.master_weight_bytes,
-                plan.sharded_param_bytes + plan.resident_unsharded_param_bytes);
-      EXPECT_EQ(dry.bytes.grad_bytes, plan.sharded_grad_bytes);
-      EXPECT_EQ(dry.bytes.optim_state_bytes, plan.optim_state_bytes);
+      expect_state_equal(dry, plan);
       EXPECT_GT(plan.sharded_param_bytes, 0);
     }
   }
@@ -102,10 +107,7 @@ TEST(PlanVsDryRun, EveryStrategyAtEightRanks) {
     par.world_size = 8;
     par.strategy = strategy;
     const pl::ModelStateBytes plan = pl::model_state_bytes(model, par, pl::StepSetup{});
-    EXPECT_EQ(dry.bytes.param_bytes + dry.bytes.master_weight_bytes,
-              plan.sharded_param_bytes + plan.resident_unsharded_param_bytes);
-    EXPECT_EQ(dry.bytes.grad_bytes, plan.sharded_grad_bytes);
-    EXPECT_EQ(dry.bytes.optim_state_bytes, plan.optim_state_bytes);
+    expect_state_equal(dry, plan);
   }
 }
 
@@ -133,10 +135,7 @@ TEST(PlanVsDryRun, LoraFineTunesEqualTheEngineExactly) {
       const pl::ModelStateBytes plan = pl::model_state_bytes(model, par, pl::StepSetup{});
       const pl::ModelStateBytes plan_full = pl::model_state_bytes(full, par, pl::StepSetup{});
       EXPECT_EQ(dry.param_numel, model.num_params());
-      EXPECT_EQ(dry.bytes.param_bytes + dry.bytes.master_weight_bytes,
-                plan.sharded_param_bytes + plan.resident_unsharded_param_bytes);
-      EXPECT_EQ(dry.bytes.grad_bytes, plan.sharded_grad_bytes);
-      EXPECT_EQ(dry.bytes.optim_state_bytes, plan.optim_state_bytes);
+      expect_state_equal(dry, plan);
       EXPECT_GT(plan.optim_state_bytes, 0);
       EXPECT_LT(plan.optim_state_bytes * 50, plan_full.optim_state_bytes) << "adapters are a few % of the model";
     }

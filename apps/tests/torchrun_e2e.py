@@ -12,7 +12,9 @@
       --resume auto loses a rank to SIGKILL after a checkpoint; torchrun restarts the job, which
       resumes from the newest complete checkpoint, and its losses from there to the end equal an
       uninterrupted run's bit for bit (N = 2). The checkpoint also continues at N = 1 and 4 with
-      losses within 1e-4 relative of the uninterrupted run.
+      losses within 1e-4 relative of the uninterrupted run. First, ranks started by hand with
+      different MASTER_PORTs end by themselves at FSDP_RENDEZVOUS_TIMEOUT_S, one line each, no
+      backtrace.
 
 Exit 0: pass; 77: skipped (no data / no torchrun / no mpirun); anything else: fail.
 """
@@ -94,6 +96,39 @@ def test_parity(opts, tmp):
           "each rank's error line comes out whole, once, naming its rank once: %r" % errors)
 
 
+def by_hand_with_ports(opts, ports, timeout_s=5):
+    """Two ranks started by hand (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), rank 1 first, each
+    with its own MASTER_PORT from `ports`; FSDP_RENDEZVOUS_TIMEOUT_S=timeout_s. Returns
+    [(exit code, stderr, seconds)] by rank."""
+    procs, t0 = [], time.time()
+    for r in (1, 0):
+        env = dict(os.environ, OMP_NUM_THREADS="1", RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(ports[r]), FSDP_RENDEZVOUS_TIMEOUT_S=str(timeout_s))
+        procs.append((r, subprocess.Popen([opts.bin, "--data-dir", opts.data_dir] + TINY + ["--steps", "1"], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    out = {}
+    for r, p in procs:
+        err = p.communicate(timeout=120)[1]
+        out[r] = (p.returncode, err, time.time() - t0)
+    return [out[0], out[1]]
+
+
+def test_rendezvous_faults(opts):
+    """Ranks given different MASTER_PORTs, and a store nobody serves: every rank ends by itself at
+    the rendezvous timeout (FSDP_RENDEZVOUS_TIMEOUT_S, 5 s here), each with one error line naming
+    what it waited for, no libtorch backtrace, no flight-recorder diagnosis."""
+    (rc0, err0, t0), (rc1, err1, t1) = by_hand_with_ports(opts, {0: 29741, 1: 29742})
+    e0 = [l for l in err0.splitlines() if "error:" in l]
+    e1 = [l for l in err1.splitlines() if "error:" in l]
+    check(rc0 == 1 and len(e0) == 1 and "rank 1 did not join the rendezvous" in e0[0] and t0 < 60,
+          "other MASTER_PORTs, rank 0: exit %d after %.0f s: %r" % (rc0, t0, e0))
+    check(rc1 == 1 and len(e1) == 1 and "nothing answered at the TCP store 127.0.0.1:29742" in e1[0] and
+          "give every rank the same MASTER_ADDR and MASTER_PORT" in e1[0] and t1 < 60,
+          "other MASTER_PORTs, rank 1: exit %d after %.0f s: %r" % (rc1, t1, e1))
+    check(all("Exception raised from" not in e and "frame #" not in e and "no diagnosis" not in e for e in (err0, err1)),
+          "no libtorch backtrace, no diagnosis of a rendezvous: %s" % (err0 + err1)[-800:])
+
+
 def rank_pids(marker):
     """{rank: pid} of torchrun's ranks whose command line contains marker (the agent has no RANK)."""
     out = {}
@@ -112,6 +147,7 @@ def rank_pids(marker):
 
 
 def test_restart(opts, tmp):
+    test_rendezvous_faults(opts)
     steps = 24
     flags = ["--steps", str(steps), "--mixed-precision", "fp32", "--strategy", "full_shard",
              "--save-every", "4", "--resume", "auto"]

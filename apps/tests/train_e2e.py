@@ -84,6 +84,18 @@ def test_meta_init(opts, tmp):
           "--meta-init --dry-run: exit %d (want 2), error %r" % (p.returncode, error_line(p)))
 
 
+def planned_activations(opts, cfg, extra):
+    """fsdp-plan's activations.total_saved_bytes for the run whose config event is `cfg` (N = 1)."""
+    cmd = [opts.plan, "--json", "--model", cfg["model"], "--n-layer", str(cfg["n_layer"]),
+           "--n-head", str(cfg["n_head"]), "--n-embd", str(cfg["n_embd"]),
+           "--block-size", str(cfg["block_size"]), "--vocab-size", str(cfg["vocab_size"]),
+           "--attention", cfg["attention"], "--world-size", "1", "--strategy", cfg["strategy"],
+           "--global-batch-size", str(cfg["global_batch_size"]),
+           "--micro-batch-size", str(cfg["micro_batch_size"]), "--seq-len", str(cfg["seq_len"])] + extra
+    return json.loads(subprocess.run(cmd, check=True, stdout=subprocess.PIPE,
+                                     text=True).stdout)["activations"]["total_saved_bytes"]
+
+
 def test_activations(opts, tmp):
     check(opts.plan is not None, "--plan names fsdp-plan")
     got = {}
@@ -92,18 +104,9 @@ def test_activations(opts, tmp):
             m = os.path.join(tmp, "act-%s-%d.jsonl" % (mp, ck))
             launch(["--steps", "2", "--mixed-precision", mp, "--metrics", m] +
                    (["--activation-checkpointing"] if ck else []), 1, opts)
-            cfg = events(m, "config")[0]
             measured = max(e["mem"]["activation_bytes"] for e in events(m, "step"))
-            cmd = [opts.plan, "--json", "--model", cfg["model"], "--n-layer", str(cfg["n_layer"]),
-                   "--n-head", str(cfg["n_head"]), "--n-embd", str(cfg["n_embd"]),
-                   "--block-size", str(cfg["block_size"]), "--vocab-size", str(cfg["vocab_size"]),
-                   "--attention", cfg["attention"], "--world-size", "1", "--strategy", cfg["strategy"],
-                   "--mixed-precision", mp, "--global-batch-size", str(cfg["global_batch_size"]),
-                   "--micro-batch-size", str(cfg["micro_batch_size"]), "--seq-len", str(cfg["seq_len"])]
-            if ck:
-                cmd.append("--activation-checkpointing")
-            planned = json.loads(subprocess.run(cmd, check=True, stdout=subprocess.PIPE,
-                                                text=True).stdout)["activations"]["total_saved_bytes"]
+            planned = planned_activations(opts, events(m, "config")[0], ["--mixed-precision", mp] +
+                                          (["--activation-checkpointing"] if ck else []))
             check(abs(planned - measured) <= 1e-3 * measured,
                   "%s checkpointing=%s: measured activation bytes %d, planner %d" % (mp, ck, measured, planned))
             got[(mp, ck)] = measured
@@ -112,17 +115,10 @@ def test_activations(opts, tmp):
     # A's output; the default targets (c_attn) and all-linear, fp32.
     for targets in ("c_attn", "all-linear"):
         m = os.path.join(tmp, "act-lora-%s.jsonl" % targets)
-        launch(["--steps", "2", "--lora-rank", "4", "--lora-target-modules", targets, "--metrics", m], 1, opts)
-        cfg = events(m, "config")[0]
+        lora = ["--lora-rank", "4", "--lora-target-modules", targets]
+        launch(["--steps", "2", "--metrics", m] + lora, 1, opts)
         measured = max(e["mem"]["activation_bytes"] for e in events(m, "step"))
-        cmd = [opts.plan, "--json", "--model", cfg["model"], "--n-layer", str(cfg["n_layer"]),
-               "--n-head", str(cfg["n_head"]), "--n-embd", str(cfg["n_embd"]),
-               "--block-size", str(cfg["block_size"]), "--vocab-size", str(cfg["vocab_size"]),
-               "--attention", cfg["attention"], "--world-size", "1", "--strategy", cfg["strategy"],
-               "--global-batch-size", str(cfg["global_batch_size"]), "--micro-batch-size", str(cfg["micro_batch_size"]),
-               "--seq-len", str(cfg["seq_len"]), "--lora-rank", "4", "--lora-target-modules", targets]
-        planned = json.loads(subprocess.run(cmd, check=True, stdout=subprocess.PIPE,
-                                            text=True).stdout)["activations"]["total_saved_bytes"]
+        planned = planned_activations(opts, events(m, "config")[0], lora)
         check(abs(planned - measured) <= 1e-3 * measured and measured < got[("fp32", False)],
               "LoRA %s: measured activation bytes %d (full fine-tune %d), planner %d" %
               (targets, measured, got[("fp32", False)], planned))

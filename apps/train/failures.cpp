@@ -141,7 +141,8 @@ int exit_on_failure(std::exception_ptr error, const std::string& flight_recorder
       return 1;
     }
     std::cerr << "fsdp-train [rank " << rank << "]: error: " << own_what(e, rank) << std::endl;
-    if (e.kind() == fsdp::ErrorKind::kTimeout) diagnose_timeout(rank, flight_recorder_dir);
+    // A rendezvous that timed out ran no collective: no flight recorder to read.
+    if (e.kind() == fsdp::ErrorKind::kTimeout && e.where().op != "gloo rendezvous") diagnose_timeout(rank, flight_recorder_dir);
   } catch (const std::exception& e) {
     std::cerr << "fsdp-train [rank " << rank << "]: error: " << own_what(e, rank) << std::endl;
   } catch (...) {

@@ -2,6 +2,8 @@
 // interface, Gloo's file store, the check that Gloo's symbols come from the system's library.
 #include <dlfcn.h>
 #include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <gloo/allgather.h>
 #include <gloo/rendezvous/file_store.h>
@@ -10,10 +12,12 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <mutex>
@@ -205,6 +209,49 @@ void join(RendezvousStore& store, const GlooRendezvous& rv) {
   }
 }
 
+// [Note: reaching the store] c10d's TCPStore client, given nothing listening at the address (a
+// rank with another MASTER_PORT, rank 0 not started), tries one connect for the whole timeout, then
+// logs the failure with libtorch's C++ backtrace and retries after a back-off past the timeout.
+// So a client first waits here, with plain sockets, until something accepts a connection at the
+// store's address (or the timeout passes: an error naming the address and the likely causes), and
+// only then builds the TCPStore, which connects at once.
+void wait_until_listening(const GlooRendezvous& rv, double deadline_s) {
+  std::string last = "nothing tried";
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const std::string port = std::to_string(rv.master_port);
+    if (getaddrinfo(rv.master_addr.c_str(), port.c_str(), &hints, &found) == 0) {
+      for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK, a->ai_protocol);
+        if (fd < 0) continue;
+        bool ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+        if (!ok && errno == EINPROGRESS) {  // an address that does not answer at once: up to 1 s
+          pollfd pfd{fd, POLLOUT, 0};
+          int err = 0;
+          socklen_t len = sizeof(err);
+          ok = ::poll(&pfd, 1, 1000) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+          if (!ok) errno = err != 0 ? err : ETIMEDOUT;
+        }
+        if (!ok) last = std::strerror(errno);
+        ::close(fd);
+        if (ok) {
+          freeaddrinfo(found);
+          return;
+        }
+      }
+      freeaddrinfo(found);
+    }
+    FSDP_CHECK(now_s() < deadline_s, ErrorKind::kTimeout, (ErrorContext{rv.rank, "", "gloo rendezvous"}),
+               "nothing answered at the ", store_description(rv), " within ", rv.connect_timeout_s, " s (", last,
+               "): rank 0 serves it at MASTER_ADDR:MASTER_PORT; give every rank the same MASTER_ADDR and "
+               "MASTER_PORT, and start rank 0 (FSDP_RENDEZVOUS_TIMEOUT_S sets the wait)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
 std::shared_ptr<RendezvousStore> open_store(const GlooRendezvous& rv) {
   if (!rv.file_store_dir.empty()) {
     std::filesystem::create_directories(rv.file_store_dir);
@@ -229,14 +276,17 @@ std::shared_ptr<RendezvousStore> open_store(const GlooRendezvous& rv) {
   if (o.isServer) o.numWorkers = static_cast<size_t>(rv.world_size);
   o.waitWorkers = false;
   o.timeout = ms_of(rv.connect_timeout_s);
+  const double deadline_s = now_s() + rv.connect_timeout_s;
+  std::unique_ptr<SlowStepNotice> notice;
+  if (!o.isServer) {
+    notice = std::make_unique<SlowStepNotice>(rv.connect_timeout_s, [&rv](double waited_s) {
+      return str_cat("rank ", rv.rank, ": still connecting to the ", store_description(rv), ": ",
+                     static_cast<int>(waited_s), " s so far, giving up after ", rv.connect_timeout_s, " s");
+    });
+    wait_until_listening(rv, deadline_s);  // [Note: reaching the store]
+    o.timeout = ms_of(std::max(1.0, deadline_s - now_s()));
+  }
   try {
-    std::unique_ptr<SlowStepNotice> notice;
-    if (!o.isServer) {
-      notice = std::make_unique<SlowStepNotice>(rv.connect_timeout_s, [&rv](double waited_s) {
-        return str_cat("rank ", rv.rank, ": still connecting to the ", store_description(rv), ": ",
-                       static_cast<int>(waited_s), " s so far, giving up after ", rv.connect_timeout_s, " s");
-      });
-    }
     return std::make_shared<TcpStoreAdapter>(c10::make_intrusive<c10d::TCPStore>(rv.master_addr, o));
   } catch (const std::exception& e) {
     throw Error(ErrorKind::kCollective, ErrorContext{rv.rank, "", "gloo rendezvous"},
@@ -321,6 +371,7 @@ GlooRendezvous GlooRendezvous::from_env() {
   }
   rv.world_size = env_int("WORLD_SIZE", 1, 1 << 20, -1);
   rv.rank = env_int("RANK", 0, rv.world_size - 1, -1);
+  if (env_or_null("FSDP_RENDEZVOUS_TIMEOUT_S")) rv.connect_timeout_s = env_int("FSDP_RENDEZVOUS_TIMEOUT_S", 1, 86400, rv.rank);
   const char* restarts = env_or_null("TORCHELASTIC_RESTART_COUNT");
   rv.key_prefix = str_cat("fsdp/", restarts ? restarts : "0", "/");
   if (const char* dir = env_or_null("FSDP_GLOO_FILE_STORE")) {

@@ -35,7 +35,8 @@ struct GlooRendezvous {
   /// Prepended to every store key: torchrun's restart count, so that a restarted generation
   /// never reads the keys of the one before.
   std::string key_prefix = "fsdp/";
-  /// Seconds to wait for every rank to reach the store and connect.
+  /// Seconds to wait for every rank to reach the store and connect (from_env: FSDP_RENDEZVOUS_TIMEOUT_S,
+  /// an integer in [1, 86400], when set).
   double connect_timeout_s = 300.0;
 
   /// From the torchrun environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required),
