@@ -80,7 +80,8 @@ def check_adapter(torch, base_dir, base, adapter_dir, merged_dir, cls, layers, r
 def test_lora(opts, tmp):
     """LoRA fine-tunes through fsdp-train.
     * GPT-2 (a transformers-written GPT2LMHeadModel) at N = 2, --meta-init, rank 4 alpha 8 on c_attn:
-      only adapters train (the start line says so, the optimizer holds their state only), the PEFT
+      only adapters train (the start line says so; the --export after 4 steps holds every base
+      tensor bitwise the source's), the PEFT
       adapter loads with PeftModel.from_pretrained and its logits equal the merged --export-hf's
       (1e-5); the tensors without an adapter are bitwise the base's.
     * Checkpoints at another world size: the N = 2 run's step-4 checkpoint resumed at N = 3 (no step
@@ -111,9 +112,10 @@ def test_lora(opts, tmp):
     extra["generation_config.json"] = open(os.path.join(gpt_dir, "generation_config.json")).read()
     ck, m = os.path.join(tmp, "ck"), os.path.join(tmp, "gpt.jsonl")
     out = {k: os.path.join(tmp, k) for k in ("a2", "h2", "a3", "h3")}
+    full_pt = os.path.join(tmp, "full.pt")
     p = run(opts, ["--init-from-hf", gpt_dir, "--meta-init", "--lora-rank", "4", "--lora-alpha", "8", "--steps", "4",
                    "--save", ck, "--save-every", "2", "--export-adapter", out["a2"], "--export-hf", out["h2"],
-                   "--metrics", m], 2)
+                   "--export", full_pt, "--metrics", m], 2)
     trainable = 2 * 4 * (64 + 192)  # 2 blocks' c_attn: A (4, 64) + B (192, 4)
     check("LoRA: rank 4, alpha 8, adapters on 2 layers; %s trainable params" % f"{trainable:,}" in p.stdout,
           "the start line names the adapters: %r" % [l for l in p.stdout.splitlines() if "LoRA" in l])
@@ -133,10 +135,19 @@ def test_lora(opts, tmp):
     hf_config = json.load(open(os.path.join(out["h2"], "config.json")))
     check(all(hf_config[k] == 0.1 for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")),
           "--export-hf keeps the source's dropout rates (0.1): %s" % {k: hf_config[k] for k in hf_config if "pdrop" in k})
+    # The unmerged state after training (--export): every base tensor bitwise the source's.
+    from safetensors.torch import load_file
+    state, src = torch.load(full_pt, weights_only=True), load_file(os.path.join(gpt_dir, "model.safetensors"))
+    base = {k: v for k, v in state.items() if ".lora_" not in k}
+    conv1d = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
+    same = [k for k, v in base.items()
+            if torch.equal(v, src["transformer." + k].t() if k.endswith(conv1d) else src["transformer." + k])]
+    check(len(same) == len(base) == 28 and len(state) == 32,
+          "after 4 LoRA steps the base is bitwise the source (%d of %d tensors; %d adapters)" %
+          (len(same), len(base), len(state) - len(base)))
     # The step-4 checkpoint at another world size: the same adapter and merged model, bit for bit.
     run(opts, ["--init-from-hf", gpt_dir, "--meta-init", "--lora-rank", "4", "--lora-alpha", "8", "--steps", "4",
                "--resume", os.path.join(ck, "step-000000004"), "--export-adapter", out["a3"], "--export-hf", out["h3"]], 3)
-    from safetensors.torch import load_file
     ad3 = load_file(os.path.join(out["a3"], "adapter_model.safetensors"))
     h2, h3 = (load_file(os.path.join(out[k], "model.safetensors")) for k in ("h2", "h3"))
     check(sorted(ad3) == sorted(ad2) and all(torch.equal(ad2[k], ad3[k]) for k in ad2) and

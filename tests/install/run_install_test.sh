@@ -20,6 +20,7 @@ cmake -S "$SRC_DIR/consumer" -B "$BUILD_DIR/install-test/build" -DCMAKE_BUILD_TY
   -DCMAKE_PREFIX_PATH="$PREFIX;$TORCH_PREFIX" >/dev/null
 cmake --build "$BUILD_DIR/install-test/build" -j 2 >/dev/null
 CONSUMER="$BUILD_DIR/install-test/build/consumer"
+cd "$BUILD_DIR/install-test"  # the consumer writes its safetensors round trip here
 if [ "$LAUNCHER" = mpi ]; then
   mpirun --allow-run-as-root --oversubscribe --bind-to none -n 2 "$CONSUMER"
 else
