@@ -193,6 +193,7 @@ void expect_refused_with_and_without_latest(const Dir& dir, const Group& g, cons
     EXPECT_NE(o.what.find(why), std::string::npos) << o.what;
     EXPECT_NE(o.what.find("name it explicitly, e.g. '" + older + "'"), std::string::npos) << o.what;
     also_check(o);
+    g->barrier()->wait();  // every rank resolved before rank 0 removes `latest` for the next round
   }
 }
 
