@@ -15,6 +15,7 @@ Exit 0: pass; 77: skipped (no data / no mpirun); anything else: fail.
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -172,9 +173,23 @@ def test_llama(opts, tmp):
     # AVX2, the path of a CPU without bf16 units. Both track the fp32 run.
     for isa in (None, "AVX2"):
         mb = os.path.join(tmp, "llama-bf16-%s.jsonl" % (isa or "native"))
-        run_llama(opts, ["--steps", "3", "--mixed-precision", "bf16", "--metrics", mb], 2,
-                  env={"ONEDNN_MAX_CPU_ISA": isa} if isa else None)
+        p = run_llama(opts, ["--steps", "3", "--mixed-precision", "bf16", "--metrics", mb], 2,
+                      env={"ONEDNN_MAX_CPU_ISA": isa} if isa else None)
         d = losses(mb)
+        if isa is None:
+            # Start-up: on a CPU whose bf16 matmuls libtorch cannot run on bf16 units, one line
+            # naming the CPU and the measured time of a bf16 matmul against fp32; else none.
+            cpu = events(mb, "config")[0]["cpu"]
+            said = re.findall(r"warning: --mixed-precision bf16 on (.+) \(libtorch (\w+), no avx512_bf16 or "
+                              r"amx_bf16 units that libtorch uses\): a bf16 matmul took ([0-9.e+]+)x the time "
+                              r"of an fp32 one here", p.stdout + p.stderr)
+            if cpu["bf16_accelerated"]:
+                check(not said, "bf16 on a CPU with bf16 units: no warning, got %r" % said)
+            else:
+                check(len(said) == 1 and said[0][0] == cpu["model"] and said[0][1] == cpu["capability"] and
+                      float(said[0][2]) > 0,
+                      "bf16 on %s without bf16 units: one warning naming it and the matmul's cost, got %r"
+                      % (cpu["model"], said))
         rel = max(abs(d[s_] - b[s_]) / abs(b[s_]) for s_ in (1, 2, 3))
         check(rel <= 5e-3, "bf16 N=2 (oneDNN ISA %s): losses of steps 1-3 within %.1e of fp32's" % (isa or "native", rel))
 

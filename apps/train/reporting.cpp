@@ -199,12 +199,20 @@ json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& 
 
 void print_start(Console& console, const TrainConfig& c, const RunFacts& f,
                  const fsdp::CpuInfo& cpu) {
-  if ((c.mixed_precision == "bf16" && !cpu.bf16_accelerated()) ||
-      (c.mixed_precision == "fp16" && !cpu.fp16_accelerated())) {
-    console.line("warning: --mixed-precision " + c.mixed_precision + " on a CPU without " +
-                 c.mixed_precision +
-                 " matmul units: its matmuls run without them and will be slower than fp32 "
-                 "(memory and communication still halve)");
+  if (console.enabled() && ((c.mixed_precision == "bf16" && !cpu.bf16_accelerated()) ||
+                            (c.mixed_precision == "fp16" && !cpu.fp16_accelerated()))) {
+    const bool bf = c.mixed_precision == "bf16";
+    const double ratio = fsdp::matmul_time_ratio_vs_fp32(bf ? at::kBFloat16 : at::kHalf);
+    char times[32];
+    std::snprintf(times, sizeof(times), "%.3gx", ratio);
+    console.line("warning: --mixed-precision " + c.mixed_precision + " on " + cpu.model + " (libtorch " +
+                 cpu.capability + ", no " + (bf ? "avx512_bf16 or amx_bf16" : "avx512_fp16 or amx_fp16") +
+                 " units that libtorch uses): a " + c.mixed_precision + " matmul took " + times +
+                 " the time of an fp32 one here, so steps will be slower than with fp32 (memory and "
+                 "communication still halve); CPUs with " +
+                 (bf ? "AMX (Intel Xeon 4th generation and later) or AVX512-BF16 (AMD Zen 4 and later)"
+                     : "AVX512-FP16 (Intel Xeon 4th generation and later)") +
+                 " run it faster than fp32 (docs/BENCHMARKS.md)");
   }
   if (!f.resumed_from.empty()) {
     console.line("resumed from " + f.resumed_from + " at step " + std::to_string(f.start_step) +

@@ -1,9 +1,14 @@
 #include "fsdp/common/cpu_info.h"
 
 #include <ATen/Context.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/randn.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <algorithm>
+#include <chrono>
 #include <fstream>
+#include <stdexcept>
 #include <set>
 #include <sstream>
 
@@ -65,6 +70,27 @@ std::string CpuInfo::summary() const {
   };
   return model + ", libtorch " + capability + "; matmuls: " + part("bf16", bf16_accelerated(), bf) +
          ", " + part("fp16", fp16_accelerated(), fp);
+}
+
+double matmul_time_ratio_vs_fp32(c10::ScalarType dtype, int64_t dim, int reps) {
+  if ((dtype != at::kBFloat16 && dtype != at::kHalf) || dim < 16 || reps < 1) {
+    throw std::invalid_argument("matmul_time_ratio_vs_fp32: dtype must be bfloat16 or half (got " +
+                                std::string(c10::toString(dtype)) + "), dim >= 16 (got " +
+                                std::to_string(dim) + "), reps >= 1 (got " + std::to_string(reps) + ")");
+  }
+  auto best_s = [&](c10::ScalarType t) {
+    const at::Tensor a = at::randn({dim, dim}).to(t), b = at::randn({dim, dim}).to(t);
+    at::mm(a, b);  // first call: kernel selection, oneDNN primitive creation
+    double best = 1e30;
+    for (int i = 0; i < reps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      at::mm(a, b);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return std::max(best, 1e-9);
+  };
+  const double low = best_s(dtype);
+  return low / best_s(at::kFloat);
 }
 
 const CpuInfo& cpu_info() {
