@@ -14,6 +14,20 @@ import tempfile
 import time
 
 
+# mpirun (Open MPI) ends a job whose rank exited non-zero by sending the others SIGTERM, then waits
+# odls_base_sigkill_timeout (1 s, twice: 2 s a job) before SIGKILL. Most runs here are refusals that
+# exit at once on every rank, so the wait is most of their time (50 of the 120 s of train_inputs.py
+# were it); fsdp-train ends on SIGTERM at once. Tests that check what a rank does on mpirun's
+# SIGTERM (train_files_e2e.py's interrupt) take the default back (mpirun_default_teardown).
+FAST_TEARDOWN = "OMPI_MCA_odls_base_sigkill_timeout"
+os.environ.setdefault(FAST_TEARDOWN, "0")
+
+
+def mpirun_default_teardown(env):
+    """env without FAST_TEARDOWN: mpirun's own SIGTERM-to-SIGKILL grace."""
+    return {k: v for k, v in env.items() if k != FAST_TEARDOWN}
+
+
 TINY = ["--model", "nano", "--n-layer", "2", "--n-embd", "64", "--global-batch-size", "4",
         "--seq-len", "32", "--eval-every", "0", "--eval-batches", "1", "--progress", "lines",
         "--warmup-steps", "2"]
@@ -31,6 +45,14 @@ def torchrun_prefix(n):
     """torchrun starting n ranks of the program that follows it, through this interpreter (the one
     with torch: no torchrun script on PATH needed)."""
     return [sys.executable, "-m", "torch.distributed.run", "--no-python", "--standalone", "--nproc-per-node", str(n)]
+
+
+def single_rank_cases_ran_under_mpirun():
+    """True in a torchrun variant of a test whose mpirun variant also runs (CMake sets
+    FSDP_E2E_BESIDE_MPIRUN=1 there): its one-rank cases, which start no group and read no launcher
+    variable a second process would, already ran, and are left out (each torchrun launch costs
+    about 2.5 s of interpreter start)."""
+    return launcher() == "torchrun" and os.environ.get("FSDP_E2E_BESIDE_MPIRUN") == "1"
 
 
 def launch_prefix(n, name=None):

@@ -37,7 +37,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_common import (TINY, as_the_ranks_ended, check, events, expect_error, launch_prefix, launcher,  # noqa: E402
-                        mpmd_command, run, run_main, write_manifest)
+                        mpmd_command, mpirun_default_teardown, run, run_main, write_manifest)
 
 
 def edit_manifest(ckpt_dir, fn, seal=True):
@@ -212,7 +212,7 @@ def interrupt(opts, tmp, tag, n, wait_for_checkpoint):
     argv += ["--save", ck, "--save-every", "2"] if wait_for_checkpoint else []
     cmd = (launch_prefix(n) if n > 1 else []) + argv
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+                         env=mpirun_default_teardown(dict(os.environ, OMP_NUM_THREADS="1")))
     deadline = time.time() + 120
     while time.time() < deadline and p.poll() is None:
         try:  # the file may end in a line being written
