@@ -6,12 +6,21 @@
 #         the five fuzz targets (FSDP_FUZZ_SECONDS each, default 15) after their regressions
 #   tsan  build-tsan/: ThreadSanitizer: the dist tier (communication threads, autograd hooks)
 #
-#   scripts/sanitize.sh [asan] [tsan]      (default: both)
+#   scripts/sanitize.sh [--build-only | --tests-only] [asan] [tsan]      (default: both tiers,
+#                                         built then tested)
+# scripts/test.sh builds the trees (--build-only, at the lowest CPU priority) while the Release
+# tests run, which leave about half of the CPU idle (processes waiting on each other, timeouts and
+# launches), then runs their tests (--tests-only) after them.
 # libtorch, Open MPI and gtest are prebuilt and uninstrumented; tests/sanitizers/ holds the
 # runtime options' suppressions, each for one of those libraries and with its reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+PHASE=all
+case "${1:-}" in
+  --build-only) PHASE=build; shift ;;
+  --tests-only) PHASE=tests; shift ;;
+esac
 TIERS=("$@")
 [ ${#TIERS[@]} -eq 0 ] && TIERS=(asan tsan)
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
@@ -38,26 +47,36 @@ for tier in "${TIERS[@]}"; do
   start=$(date +%s)
   case "$tier" in
     asan)
-      configure build-asan -DFSDP_SANITIZE=address -DFSDP_FUZZ=ON
-      cmake --build build-asan -j "$JOBS" --target fsdp_unit_tests fsdp_dist_tests fsdp_mpi_smoke \
-        fuzz_make_seeds fuzz_manifest fuzz_rank_file fuzz_import fuzz_token_cache fuzz_safetensors
+      if [ "$PHASE" != tests ]; then
+        configure build-asan -DFSDP_SANITIZE=address -DFSDP_FUZZ=ON
+        cmake --build build-asan -j "$JOBS" --target fsdp_unit_tests fsdp_dist_tests fsdp_mpi_smoke \
+          fuzz_make_seeds fuzz_manifest fuzz_rank_file fuzz_import fuzz_token_cache fuzz_safetensors
+      fi
       built=$(date +%s)
-      (cd build-asan &&
+      # Two at a time: the fuzz targets and the unit tier are single processes (the MPI smoke
+      # test runs alone, RUN_SERIAL).
+      [ "$PHASE" != build ] && (cd build-asan &&
         ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1:strict_init_order=1:detect_stack_use_after_return=1" \
         LSAN_OPTIONS="suppressions=$SUPP/lsan.supp:print_suppressions=0" \
         UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
-        ctest --output-on-failure --timeout 900)
+        ctest --output-on-failure --timeout 900 -j 2)
       ;;
     tsan)
-      configure build-tsan -DFSDP_SANITIZE=thread
-      cmake --build build-tsan -j "$JOBS" --target fsdp_dist_tests
+      if [ "$PHASE" != tests ]; then
+        configure build-tsan -DFSDP_SANITIZE=thread
+        cmake --build build-tsan -j "$JOBS" --target fsdp_dist_tests
+      fi
       built=$(date +%s)
-      (cd build-tsan &&
+      [ "$PHASE" != build ] && (cd build-tsan &&
         TSAN_OPTIONS="suppressions=$SUPP/tsan.supp:halt_on_error=1:second_deadlock_stack=1:print_suppressions=0" \
         ctest --output-on-failure --timeout 900 -L dist)
       ;;
     *) echo "[sanitize] unknown tier '$tier' (asan, tsan)" >&2; exit 2 ;;
   esac
   end=$(date +%s)
-  echo "[sanitize] $tier: build $((built - start)) s, tests $((end - built)) s"
+  case "$PHASE" in
+    build) echo "[sanitize] $tier: build $((built - start)) s" ;;
+    tests) echo "[sanitize] $tier: tests $((end - built)) s" ;;
+    *) echo "[sanitize] $tier: build $((built - start)) s, tests $((end - built)) s" ;;
+  esac
 done
