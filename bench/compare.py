@@ -16,7 +16,8 @@ AdamW, grad clip 1.0, 1 intra-op thread per rank):
    --ours full_shard,full_shard@yield adds a run of fsdp-train under Open MPI's --mca
    mpi_yield_when_idle 1; --backend gloo adds, for each strategy S, ours-S@gloo: fsdp-train under
    torchrun over the Gloo backend, beside its mpirun run over MPI;
-   full_shard@libtorch-adamw runs fsdp-train with --adamw-kernel libtorch)
+   full_shard@libtorch-adamw runs fsdp-train with --adamw-kernel libtorch; full_shard@bind under
+   mpirun --bind-to core, each rank's threads on one core, instead of --bind-to none)
   plain             --peers ...,plain: N independent processes of the plain libtorch loop
                     (bench/cpp/plain_loop.cpp: same model and AdamW, no FSDP; fp32), G/N sequences
                     each, their tokens/s added: at N = 1 the loop fsdp-train should cost what it costs
@@ -103,18 +104,20 @@ class Runner:
         metrics = os.path.join(run_dir, "metrics.jsonl")
         if impl.startswith("ours-"):
             strategy, _, variant = impl[len("ours-"):].partition("@")
-            mca, extra = [], []
+            mca, extra, bind = [], [], "none"
             if variant == "yield":  # Open MPI: blocking calls sched_yield() while they poll
                 mca = ["--mca", "mpi_yield_when_idle", "1"]
+            elif variant == "bind":  # each rank (compute and communication threads) on one core
+                bind = "core"
             elif variant == "libtorch-adamw":  # torch::optim::AdamW instead of the fused kernel
                 extra = ["--adamw-kernel", "libtorch"]
             elif variant and variant != "gloo":
-                raise SystemExit(f"unknown variant @{variant} (known: @yield, @gloo, @libtorch-adamw)")
+                raise SystemExit(f"unknown variant @{variant} (known: @yield, @bind, @gloo, @libtorch-adamw)")
             if variant == "gloo":  # torchrun, fsdp-train over Gloo (--backend auto picks it)
                 launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n),
                           "--master_port", str(29500 + (os.getpid() % 500))]
             else:
-                launch = [a.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", *mca,
+                launch = [a.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", bind, *mca,
                           "-x", "OMP_NUM_THREADS", "-x", "MKL_NUM_THREADS", "-n", str(n), sys.executable]
             return [*launch, os.path.join(HERE, "rusage_exec.py"), run_dir, "--",
                     a.binary, "--model", preset, "--strategy", strategy,
@@ -128,7 +131,8 @@ class Runner:
                 os.path.join(HERE, "peer_train.py"), "--impl", impl, "--model", preset,
                 "--global-batch-size", str(a.global_batch_size), "--seq-len", str(a.seq_len),
                 "--steps", str(a.steps), "--threads", str(a.threads), "--warmup-steps", "20",
-                "--quiet", "--metrics", metrics, "--mixed-precision", a.mixed_precision]
+                "--quiet", "--metrics", metrics, "--mixed-precision", a.mixed_precision,
+                *(["--ds-defaults"] if a.ds_defaults and impl.startswith("ds") else [])]
 
     def independent_cmd(self, impl, preset, n, i, run_dir):
         """Process i of the N independent single-rank processes of `plain` or `indep` (G/N each)."""
@@ -303,6 +307,9 @@ def main():
     ap.add_argument("--mixed-precision", choices=["fp32", "bf16"], default="fp32",
                     help="precision of every implementation (see above)")
     ap.add_argument("--peers", default="fsdp2,ddp", help="peer impls: fsdp2,ddp,zero,deepspeed (= ds1,ds2,ds3),plain,indep")
+    ap.add_argument("--ds-defaults", action="store_true",
+                    help="DeepSpeed peers with the ZeRO stage alone (DeepSpeed's defaults) instead of the "
+                         "settings its ZeRO tutorial recommends (bench/peer_train.py DS_RECOMMENDED)")
     ap.add_argument("--ours", default="full_shard,no_shard",
                     help="fsdp-train strategies; STRATEGY@yield adds --mca mpi_yield_when_idle 1")
     ap.add_argument("--binary", default=os.path.join(ROOT, "build-bench", "bin", "fsdp-train"))

@@ -10,7 +10,12 @@
   zero   DistributedDataParallel + ZeroRedundancyOptimizer(AdamW) (ZeRO-1: Adam state sharded).
   ds1, ds2, ds3  DeepSpeed ZeRO stage 1, 2, 3 (deepspeed.initialize with torch.optim.AdamW over the
          same param groups, gradient_clipping, gradient_accumulation_steps = G/(N*m); run with
-         DS_ACCELERATOR=cpu; bench/setup.sh installs DeepSpeed with DS_BUILD_OPS=0).
+         DS_ACCELERATOR=cpu; bench/setup.sh installs DeepSpeed with DS_BUILD_OPS=0). Each stage
+         gets the zero_optimization settings DeepSpeed's ZeRO tutorial and configuration page
+         recommend (DS_RECOMMENDED below: contiguous_gradients, overlap_comm, reduce_scatter and
+         500M-element buckets for stages 1-2; for stage 3 also sub_group_size, max live parameters
+         and reuse distance of 1e9); --ds-defaults runs it with the stage alone (DeepSpeed's
+         defaults).
 Backend: gloo (CPU).
 --mixed-precision bf16 matches fsdp-train --mixed-precision bf16: fsdp2 gets
   MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16) on every unit and output_dtype=fp32 on
@@ -61,6 +66,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peer_gpt import GPT, gpt_loss, gpt_preset  # noqa: E402
 
 
+# zero_optimization as DeepSpeed's ZeRO tutorial and configuration reference recommend (stage 1
+# ignores the gradient settings; DeepSpeed's own defaults differ: overlap_comm off below stage 3).
+_DS_STAGE_1_2 = {"contiguous_gradients": True, "overlap_comm": True, "reduce_scatter": True,
+                 "allgather_partitions": True, "allgather_bucket_size": int(5e8), "reduce_bucket_size": int(5e8)}
+DS_RECOMMENDED = {
+    1: _DS_STAGE_1_2,
+    2: _DS_STAGE_1_2,
+    3: {"contiguous_gradients": True, "overlap_comm": True, "sub_group_size": int(1e9),
+        "reduce_bucket_size": int(5e8), "stage3_prefetch_bucket_size": int(5e7),
+        "stage3_param_persistence_threshold": int(1e5), "stage3_max_live_parameters": int(1e9),
+        "stage3_max_reuse_distance": int(1e9)},
+}
+
+
 def lr_at(step, total, warmup, lr, min_lr):
     if warmup > 0 and step <= warmup:
         return lr * step / warmup
@@ -97,6 +116,8 @@ def main() -> int:
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--metrics", default="")
+    ap.add_argument("--ds-defaults", action="store_true",
+                    help="ds1-3: zero_optimization with the stage alone (DeepSpeed's defaults), not DS_RECOMMENDED")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--mixed-precision", choices=["fp32", "bf16"], default="fp32")
     a = ap.parse_args()
@@ -150,8 +171,10 @@ def main() -> int:
         state_owner = opt
     elif a.impl.startswith("ds"):
         import deepspeed
+        stage = int(a.impl[2])
+        zero = {"stage": stage} if a.ds_defaults else dict(DS_RECOMMENDED[min(stage, 3)], stage=stage)
         ds_config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum,
-                     "gradient_clipping": a.grad_clip, "zero_optimization": {"stage": int(a.impl[2])},
+                     "gradient_clipping": a.grad_clip, "zero_optimization": zero,
                      "bf16": {"enabled": bf16}, "steps_per_print": 10 ** 9, "wall_clock_breakdown": False}
         train_model, opt, _, _ = deepspeed.initialize(
             model=model, optimizer=torch.optim.AdamW(groups(model.named_parameters()), **adam_kw),

@@ -207,7 +207,7 @@ void print_start(Console& console, const TrainConfig& c, const RunFacts& f,
     std::snprintf(times, sizeof(times), "%.3gx", ratio);
     console.line("warning: --mixed-precision " + c.mixed_precision + " on " + cpu.model + " (libtorch " +
                  cpu.capability + ", no " + (bf ? "avx512_bf16 or amx_bf16" : "avx512_fp16 or amx_fp16") +
-                 " units that libtorch uses): a " + c.mixed_precision + " matmul took " + times +
+                 " units that libtorch uses): " + (bf ? "a " : "an ") + c.mixed_precision + " matmul took " + times +
                  " the time of an fp32 one here, so steps will be slower than with fp32 (memory and "
                  "communication still halve); CPUs with " +
                  (bf ? "AMX (Intel Xeon 4th generation and later) or AVX512-BF16 (AMD Zen 4 and later)"
