@@ -25,16 +25,27 @@ void reduce_scatter_by_all_to_all(BlockingBackend& backend, const at::Tensor& ou
   backend.all_to_all(blocks, input);
   const at::Tensor parts = blocks.view({size, n});  // row q: rank q's block for me
   const bool widen = is_low_precision(input.scalar_type());
-  at::Tensor acc = widen ? parts[0].to(at::kFloat) : output.view(-1);
-  if (!widen) acc.copy_(parts[0]);
-  for (int q = 1; q < size; ++q) {
-    const at::Tensor part = widen ? parts[q].to(at::kFloat) : parts[q];
+  // acc = parts[0] op parts[1] op ... in rank order: written straight into the output when no
+  // widening is needed (no copy of parts[0] first); bf16/fp16 parts are read as they are by the
+  // float32 accumulator, which the kernel's type promotion widens them to exactly (no widened copy
+  // per part). The first two bf16 parts are not combined with each other directly: their common
+  // dtype would be bf16, and the sum would round there. Same operations, same rounding as before.
+  at::Tensor acc = widen ? at::empty({n}, input.options().dtype(at::kFloat)) : output.view(-1);
+  const auto combine = [&](const at::Tensor& a, const at::Tensor& b) {
     switch (op) {
-      case ReduceOp::kMax: at::maximum_out(acc, acc, part); break;
-      case ReduceOp::kMin: at::minimum_out(acc, acc, part); break;
-      default: acc.add_(part); break;
+      case ReduceOp::kMax: at::maximum_out(acc, a, b); break;
+      case ReduceOp::kMin: at::minimum_out(acc, a, b); break;
+      default: at::add_out(acc, a, b); break;
     }
+  };
+  int q = 1;
+  if (widen || size == 1) {
+    acc.copy_(parts[0]);
+  } else {
+    combine(parts[0], parts[1]);
+    q = 2;
   }
+  for (; q < size; ++q) combine(acc, parts[q]);
   if (op == ReduceOp::kAvg) acc.div_(size);
   if (widen) output.view(-1).copy_(acc);
 }
