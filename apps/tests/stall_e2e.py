@@ -46,10 +46,6 @@ def launch_prefix(n):
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n)]
 
 
-def exit_bound_s():
-    return EXIT_BOUND_S
-
-
 def fail(msg):
     print("FAIL:", msg)
     sys.exit(1)
@@ -78,12 +74,20 @@ def rank_pids(marker):
     return out
 
 
-def stopped(pid):
+def is_stopped(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] == "T"
     except (OSError, IndexError):
         return False
+
+
+def kill_all(pids, sig=signal.SIGKILL):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def wait_job(p, marker, timeout_s):
@@ -98,12 +102,8 @@ def wait_job(p, marker, timeout_s):
             raise subprocess.TimeoutExpired(p.args, timeout_s)
         if LAUNCHER == "torchrun":
             pids = rank_pids(marker)
-            if pids and all(stopped(pid) for pid in pids.values()):
-                for pid in pids.values():
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+            if pids and all(is_stopped(pid) for pid in pids.values()):
+                kill_all(pids.values())
         time.sleep(0.1)
     return p.returncode
 
@@ -167,17 +167,17 @@ def test_stall(opts, n, tmp):
         os.kill(stopped, signal.SIGSTOP)
         t_stop = time.time()
         try:
-            wait_job(p, fr_dir, exit_bound_s() + 30)
+            wait_job(p, fr_dir, EXIT_BOUND_S + 30)
         except subprocess.TimeoutExpired:
-            fail(f"the job still runs {exit_bound_s() + 30} s after rank {victim} stopped: it hangs")
+            fail(f"the job still runs {EXIT_BOUND_S + 30} s after rank {victim} stopped: it hangs")
         took = time.time() - t_stop
         log.seek(0)
         out = log.read()
         print(f"N={n}: rank {victim} stopped; job exited with rc {p.returncode} after {took:.1f} s")
         if p.returncode == 0:
             fail("the job exited 0 after a rank stalled")
-        if took > exit_bound_s():
-            fail(f"the job took {took:.1f} s to end, bound {exit_bound_s()} s")
+        if took > EXIT_BOUND_S:
+            fail(f"the job took {took:.1f} s to end, bound {EXIT_BOUND_S} s")
         m = re.search(r"timed out[^\n]*#(\d+)", out) or re.search(r"#(\d+)[^\n]*timed out", out)
         if not m:
             fail(f"no message names the timed-out collective:\n{out[-3000:]}")
@@ -207,10 +207,7 @@ def test_stall(opts, n, tmp):
     finally:
         if stopped is not None:
             for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(stopped, sig)
-                except ProcessLookupError:
-                    pass
+                kill_all([stopped], sig)
         if p.poll() is None:
             p.kill()
             p.wait()
@@ -238,16 +235,12 @@ def test_checkpoint_stall(opts, n, tmp, phase, victim):
     p = subprocess.Popen(mpirun + args, stdout=log, stderr=subprocess.STDOUT, text=True,
                          env=dict(env, FSDP_TRAIN_INJECT_STALL=f"{phase}:{victim}"))
     try:
-        wait_job(p, fr_dir, exit_bound_s() + 90)
+        wait_job(p, fr_dir, EXIT_BOUND_S + 90)
     except subprocess.TimeoutExpired:
         p.kill()
-        fail(f"N={n}: rank {victim} stalled in the {phase}: the job still runs after {exit_bound_s() + 90} s")
+        fail(f"N={n}: rank {victim} stalled in the {phase}: the job still runs after {EXIT_BOUND_S + 90} s")
     finally:
-        for pid in rank_pids(fr_dir).values():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(rank_pids(fr_dir).values())
     log.seek(0)
     out = log.read()
     print(f"N={n}: rank {victim} stalled in the checkpoint {phase}; job exited with rc {p.returncode} "
