@@ -1,5 +1,7 @@
 #include "fsdp/comm/backend.h"
 
+#include "fsdp/common/check.h"
+
 namespace fsdp::comm {
 
 const char* to_string(ReduceOp op) {
@@ -39,6 +41,13 @@ bool BlockingBackend::supports(CollectiveKind kind, c10::ScalarType dtype) const
       return true;
   }
   return false;
+}
+
+std::unique_ptr<BlockingBackend> BlockingBackend::make_control_channel() {
+  throw Error(ErrorKind::kUnsupported, ErrorContext{rank(), "", "make_control_channel"},
+              str_cat("the ", name(), " backend makes no CPU control channel of its own (the collective check's "
+                      "signatures are CPU bytes); pass a CPU control backend over the same ranks (mpi or gloo) "
+                      "to the ProcessGroup constructor"));
 }
 
 }  // namespace fsdp::comm

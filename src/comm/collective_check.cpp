@@ -88,7 +88,7 @@ void check_same_op(GroupState& group, Op& op) {
   at::Tensor mine = at::empty({kBytes}, at::kByte);
   std::memcpy(mine.data_ptr(), &op.signature, kBytes);
   at::Tensor all = at::empty({size_ * kBytes}, at::kByte);
-  group.backend().all_gather(all, mine);
+  group.control().all_gather(all, mine);  // never the data backend ([Note: control channel])
   const auto* sigs = reinterpret_cast<const Signature*>(all.data_ptr());
   for (int r = 0; r < size_; ++r) {
     if (sigs[r].marker >= 0) return settle_abandoned(group, op, sigs);

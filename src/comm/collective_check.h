@@ -17,7 +17,7 @@ Signature make_signature(int64_t seq, CollectiveKind kind, const at::Tensor* ten
 /// `whole` (this rank's op, when given) replaces the signature's truncated unit and phase.
 std::string describe(const Signature& s, const Op* whole = nullptr);
 
-/// Collective over the group's backend (blocking, on the communication thread): all-gathers every
+/// Collective over the group's control channel (blocking, on the communication thread): all-gathers every
 /// rank's signature of `op`. Returns when they agree. Throws fsdp::Error (kMismatch) on every rank,
 /// with the same message, when they differ; when abandon markers are among them, settles the
 /// position instead (writing op.marker_outcome, or throwing kStepAbandoned / kMismatch, the latter

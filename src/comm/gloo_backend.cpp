@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <limits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -78,13 +79,7 @@ GlooBackend::GlooBackend(std::shared_ptr<gloo::rendezvous::Store> store,
       rank_(rank),
       size_(size),
       connect_timeout_s_(connect_timeout_s) {
-  auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
-  context->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s_ * 1000.0)));
-  gloo::rendezvous::PrefixStore prefixed(prefix_, *store_);
-  const double deadline = now_s() + connect_timeout_s_;
-  set_deadline(deadline);
-  run("connect", [&] { context->connectFullMesh(prefixed, device_); });
-  context_ = context;
+  connect();
   // Hosts: ranks with the same host name, numbered in the order of each host's lowest rank.
   at::Tensor mine = at::zeros({static_cast<int64_t>(kHostNameBytes)}, at::kByte);
   gethostname(reinterpret_cast<char*>(bytes_of(mine)), kHostNameBytes - 1);
@@ -97,6 +92,29 @@ GlooBackend::GlooBackend(std::shared_ptr<gloo::rendezvous::Store> store,
     host_of_ranks_.push_back(it->second);
   }
   set_deadline(std::numeric_limits<double>::infinity());
+}
+
+GlooBackend::GlooBackend(std::shared_ptr<gloo::rendezvous::Store> store,
+                         std::shared_ptr<gloo::transport::Device> device, std::string prefix, int rank, int size,
+                         double connect_timeout_s, std::vector<int> host_of_ranks)
+    : store_(std::move(store)),
+      device_(std::move(device)),
+      prefix_(std::move(prefix)),
+      rank_(rank),
+      size_(size),
+      connect_timeout_s_(connect_timeout_s),
+      host_of_ranks_(std::move(host_of_ranks)) {
+  connect();
+  set_deadline(std::numeric_limits<double>::infinity());
+}
+
+void GlooBackend::connect() {
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+  context->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s_ * 1000.0)));
+  gloo::rendezvous::PrefixStore prefixed(prefix_, *store_);
+  set_deadline(now_s() + connect_timeout_s_);
+  run("connect", [&] { context->connectFullMesh(prefixed, device_); });
+  context_ = context;
 }
 
 GlooBackend::~GlooBackend() = default;
@@ -192,6 +210,13 @@ std::unique_ptr<Backend> GlooBackend::split(int color, int key) {
   const std::string prefix = str_cat(prefix_, "split", splits_++, "/color", color, "/");
   return std::make_unique<GlooBackend>(store_, device_, prefix, sub_rank, static_cast<int>(members.size()),
                                        connect_timeout_s_);
+}
+
+std::unique_ptr<Backend> GlooBackend::make_control_channel() {
+  // No exchange needed: every rank derives the same prefix from its own count of calls.
+  const std::string prefix = str_cat(prefix_, "control", controls_++, "/");
+  return std::unique_ptr<Backend>(
+      new GlooBackend(store_, device_, prefix, rank_, size_, connect_timeout_s_, host_of_ranks_));
 }
 
 void GlooBackend::abort_job(int code) {

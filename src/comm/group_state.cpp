@@ -6,9 +6,10 @@
 
 namespace fsdp::comm::detail {
 
-GroupState::GroupState(BlockingBackend& backend, ProcessGroupOptions options, std::string name,
-                       std::shared_ptr<Family> family)
+GroupState::GroupState(BlockingBackend& backend, BlockingBackend& control, ProcessGroupOptions options,
+                       std::string name, std::shared_ptr<Family> family)
     : backend_(backend),
+      control_(control),
       rank_(backend.rank()),
       size_(backend.size()),
       name_(std::move(name)),

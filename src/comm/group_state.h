@@ -68,10 +68,15 @@ struct Op {
 /// A group's identity and its state after failures. Thread-safe.
 class GroupState {
  public:
-  /// `backend` outlives this object (the ProcessGroup owns both).
-  GroupState(BlockingBackend& backend, ProcessGroupOptions options, std::string name, std::shared_ptr<Family> family);
+  /// `backend` (the data backend) and `control` (the control channel) outlive this object (the
+  /// ProcessGroup owns all three).
+  GroupState(BlockingBackend& backend, BlockingBackend& control, ProcessGroupOptions options, std::string name,
+             std::shared_ptr<Family> family);
 
+  /// The data backend: the user's ops only.
   BlockingBackend& backend() const { return backend_; }
+  /// The control channel: the collective check's signatures ([Note: control channel]).
+  BlockingBackend& control() const { return control_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::string& name() const { return name_; }
@@ -97,6 +102,7 @@ class GroupState {
 
  private:
   BlockingBackend& backend_;
+  BlockingBackend& control_;
   const int rank_;
   const int size_;
   const std::string name_;

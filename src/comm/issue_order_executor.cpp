@@ -86,7 +86,10 @@ void IssueOrderExecutor::run(Op& op) {
       }
     }
     if (group_.size() > 1) {
-      group_.backend().set_deadline(t0 + group_.options().timeout_s);
+      // One deadline for the check (on the control channel) and the op (on the data backend).
+      const double deadline_s = t0 + group_.options().timeout_s;
+      group_.control().set_deadline(deadline_s);
+      group_.backend().set_deadline(deadline_s);
       check_same_op(group_, op);
     } else {
       settle_alone(op);

@@ -16,8 +16,8 @@ namespace fsdp::comm::detail {
 /// group run in the order they were pushed; the caller pushes under its own lock right after
 /// numbering an op, so issue order is sequence order. For each op, run() waits for the op's
 /// dependency (its `after`), refuses it when the group is unusable or diverged, sets the
-/// backend's deadline (now + timeout_s), runs the collective check (two or more ranks), then the
-/// op's fn; it records start and end in the flight recorder, the time in the stats, turns a
+/// deadline of the data backend and of the control channel (now + timeout_s), runs the
+/// collective check on the control channel (two or more ranks), then the op's fn; it records start and end in the flight recorder, the time in the stats, turns a
 /// timeout into an unusable group (dump, abort armed), dumps the recorder on a mismatch or a
 /// transport failure, releases the op's tensors, and completes the op's Work last.
 class IssueOrderExecutor {

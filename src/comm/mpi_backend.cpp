@@ -173,6 +173,13 @@ MpiBackend::MpiBackend(MPI_Comm comm) : comm_(comm) {
   }
 }
 
+MpiBackend::MpiBackend(MPI_Comm comm, std::vector<int> host_of_ranks)
+    : comm_(comm), host_of_ranks_(std::move(host_of_ranks)) {
+  check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+}
+
 MpiBackend::~MpiBackend() {
   int fin = 0;
   MPI_Finalized(&fin);
@@ -231,6 +238,12 @@ std::unique_ptr<Backend> MpiBackend::split(int color, int key) {
   MPI_Comm sub;
   check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split", rank_);
   return std::make_unique<MpiBackend>(sub);
+}
+
+std::unique_ptr<Backend> MpiBackend::make_control_channel() {
+  MPI_Comm dup;
+  check_mpi(MPI_Comm_dup(comm_, &dup), "MPI_Comm_dup", rank_);
+  return std::unique_ptr<Backend>(new MpiBackend(dup, host_of_ranks_));
 }
 
 }  // namespace fsdp::comm

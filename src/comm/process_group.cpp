@@ -29,11 +29,16 @@ ProcessGroupOptions ProcessGroupOptions::from_env() {
 }
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options, std::string name)
-    : ProcessGroup(std::move(backend), options, std::move(name), nullptr) {}
+    : ProcessGroup(std::move(backend), nullptr, std::move(options), std::move(name), nullptr) {}
 
-ProcessGroup::ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options, std::string name,
-                           std::shared_ptr<detail::Family> family)
-    : backend_(std::move(backend)),
+ProcessGroup::ProcessGroup(std::unique_ptr<Backend> data, std::unique_ptr<Backend> control,
+                           ProcessGroupOptions options, std::string name)
+    : ProcessGroup(std::move(data), std::move(control), std::move(options), std::move(name), nullptr) {}
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Backend> data, std::unique_ptr<Backend> control,
+                           ProcessGroupOptions options, std::string name, std::shared_ptr<detail::Family> family)
+    : backend_(std::move(data)),
+      control_(std::move(control)),
       rank_(backend_ ? backend_->rank() : -1),
       size_(backend_ ? backend_->size() : 0),
       backend_name_(backend_ ? backend_->name() : ""),
@@ -61,7 +66,21 @@ ProcessGroup::ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions
   FSDP_CHECK(options_.timeout_s > 0 && options_.abort_grace_s >= 0, ErrorKind::kInvalidArgument,
              (ErrorContext{rank_, "", "ProcessGroup"}), "timeout_s must be > 0 and abort_grace_s >= 0, got ",
              options_.timeout_s, " and ", options_.abort_grace_s);
-  state_ = std::make_unique<detail::GroupState>(*backend_, options_, name_, family_);
+  if (!control_) control_ = backend_->make_control_channel();
+  const ErrorContext where{rank_, "", "ProcessGroup"};
+  FSDP_CHECK(control_ != nullptr, ErrorKind::kInvalidArgument, where, "the ", backend_name_,
+             " backend made a null control channel");
+  control_backend_name_ = control_->name();
+  FSDP_CHECK(control_->rank() == rank_ && control_->size() == size_, ErrorKind::kInvalidArgument, where,
+             expected_actual("control channel's rank and size", str_cat("rank ", rank_, " of ", size_),
+                             str_cat("rank ", control_->rank(), " of ", control_->size())),
+             " (the ", control_backend_name_, " control channel must span the ", backend_name_,
+             " backend's ranks in the same order)");
+  FSDP_CHECK(control_->device_type() == c10::DeviceType::CPU || control_->simulated(), ErrorKind::kInvalidArgument,
+             where,
+             expected_actual("control channel's device", "cpu", c10::DeviceTypeName(control_->device_type(), true)),
+             " (the ", control_backend_name_, " backend cannot carry the collective check's CPU bytes)");
+  state_ = std::make_unique<detail::GroupState>(*backend_, *control_, options_, name_, family_);
   executor_ = std::make_unique<detail::IssueOrderExecutor>(*state_, /*threaded=*/size_ > 1);
 }
 
@@ -69,7 +88,10 @@ ProcessGroup::~ProcessGroup() {
   executor_->stop();  // runs every queued op, joins the communication thread
   // A timed-out collective may still be running inside the transport (MPI cannot cancel it):
   // such a backend is never freed, the job ends by abort (GroupState::on_unrecoverable).
-  if (!state_->broken().empty()) (void)backend_.release();
+  if (!state_->broken().empty()) {
+    (void)backend_.release();
+    (void)control_.release();  // the timed-out op may be the collective check on it
+  }
   // Otherwise backend_ is destroyed after this body, with no op left that could use it.
 }
 
@@ -260,25 +282,32 @@ WorkPtr ProcessGroup::barrier(const OpTag& tag, bool counted) {
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
-  std::unique_ptr<Backend> sub;
-  // Not counted in stats (logical bytes -1): it is set-up, not training traffic.
+  std::unique_ptr<Backend> sub, sub_control;
+  // Not counted in stats (logical bytes -1): it is set-up, not training traffic. The control
+  // channel splits in step, on the same ranks, so that the new group's check spans them.
   const OpTag tag{"", "split"};
   const Described d{CollectiveKind::kBarrier, nullptr, ReduceOp::kSum, -1, &tag, -1};
-  enqueue(d, [this, color, key, &sub] { sub = backend_->split(color, key); })->wait();
-  return std::shared_ptr<ProcessGroup>(
-      new ProcessGroup(std::move(sub), options_, str_cat(name_, "/split(", color, ")"), family_));
+  enqueue(d, [this, color, key, &sub, &sub_control] {
+    sub = backend_->split(color, key);
+    sub_control = control_->split(color, key);
+  })->wait();
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(sub), std::move(sub_control), options_,
+                                                        str_cat(name_, "/split(", color, ")"), family_));
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split_blocks(int block, bool strided) {
   FSDP_CHECK(block >= 1 && size_ % block == 0, ErrorKind::kInvalidArgument, at_op(rank_, "split_blocks"),
              expected_actual("block", str_cat("a divisor of the group size ", size_), block));
-  std::unique_ptr<Backend> sub;
+  std::unique_ptr<Backend> sub, sub_control;
   const OpTag tag{"", "split"};
   const Described d{CollectiveKind::kBarrier, nullptr, ReduceOp::kSum, -1, &tag, -1};
-  enqueue(d, [this, block, strided, &sub] { sub = backend_->split_blocks(block, strided); })->wait();
+  enqueue(d, [this, block, strided, &sub, &sub_control] {
+    sub = backend_->split_blocks(block, strided);
+    sub_control = control_->split_blocks(block, strided);
+  })->wait();
   const int color = strided ? rank_ % block : rank_ / block;
-  return std::shared_ptr<ProcessGroup>(
-      new ProcessGroup(std::move(sub), options_, str_cat(name_, "/split(", color, ")"), family_));
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(sub), std::move(sub_control), options_,
+                                                        str_cat(name_, "/split(", color, ")"), family_));
 }
 
 c10::DeviceType ProcessGroup::device_type() const { return backend_->device_type(); }

@@ -52,6 +52,9 @@ class SimulatedBackend final : public Backend {
     if (strided) return std::make_unique<SimulatedBackend>(rank_ / block, size_ / block);
     return std::make_unique<SimulatedBackend>(rank_ % block, block);
   }
+  // Another simulated rank: its all-gather of a CPU tensor (the collective check's signatures)
+  // returns this rank's input in every block, so the check passes as in a job of alike ranks.
+  std::unique_ptr<Backend> make_control_channel() override { return std::make_unique<SimulatedBackend>(rank_, size_); }
   [[noreturn]] void abort_job(int code) override { std::_Exit(code); }
 
  private:
@@ -72,12 +75,15 @@ class SimulatedBackend final : public Backend {
 
 }  // namespace
 
-ProcessGroupPtr simulated_world(int world_size, int rank, ProcessGroupOptions options) {
+std::unique_ptr<Backend> simulated_backend(int world_size, int rank) {
   FSDP_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, ErrorKind::kInvalidArgument,
              (ErrorContext{rank, "", "simulated_world"}),
              expected_actual("rank", str_cat("in [0, ", world_size, ") with world_size >= 1"), rank));
-  return std::make_shared<ProcessGroup>(std::make_unique<SimulatedBackend>(rank, world_size), options,
-                                        "simulated");
+  return std::make_unique<SimulatedBackend>(rank, world_size);
+}
+
+ProcessGroupPtr simulated_world(int world_size, int rank, ProcessGroupOptions options) {
+  return std::make_shared<ProcessGroup>(simulated_backend(world_size, rank), options, "simulated");
 }
 
 }  // namespace fsdp::comm

@@ -173,6 +173,9 @@ class ThreadedBackend final : public Backend {
     return std::make_unique<ThreadedBackend>(sub, new_rank);
   }
 
+  // A channel of its own over the same ranks: split with one color, ordered by rank.
+  std::unique_ptr<Backend> make_control_channel() override { return split(0, rank_); }
+
  private:
   // Publishes `mine`, waits for every rank, runs read(world) over the published slots, waits again
   // (no rank may change its input before every rank has read it).
@@ -197,7 +200,7 @@ std::vector<ProcessGroupPtr> threaded_world(int world_size, ProcessGroupOptions 
   return threaded_world(world_size, world_size, std::move(options));
 }
 
-std::vector<ProcessGroupPtr> threaded_world(int world_size, int ranks_per_host, ProcessGroupOptions options) {
+std::vector<std::unique_ptr<Backend>> threaded_backends(int world_size, int ranks_per_host) {
   FSDP_CHECK(world_size >= 1, ErrorKind::kInvalidArgument, (ErrorContext{-1, "", "threaded_world"}),
              "world size must be >= 1, got ", world_size);
   FSDP_CHECK(ranks_per_host >= 1 && world_size % ranks_per_host == 0, ErrorKind::kInvalidArgument,
@@ -206,9 +209,21 @@ std::vector<ProcessGroupPtr> threaded_world(int world_size, int ranks_per_host, 
   std::vector<int> hosts;
   for (int r = 0; r < world_size; ++r) hosts.push_back(r / ranks_per_host);
   auto world = std::make_shared<ThreadedWorld>(world_size, std::move(hosts));
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (int r = 0; r < world_size; ++r) backends.push_back(std::make_unique<ThreadedBackend>(world, r));
+  return backends;
+}
+
+std::vector<ProcessGroupPtr> threaded_world(int world_size, int ranks_per_host, ProcessGroupOptions options) {
+  // Two in-process worlds over the same ranks: the data one, and the groups' control channels
+  // (made here: one thread builds every rank's group, so make_control_channel's collective split
+  // cannot run).
+  auto data = threaded_backends(world_size, ranks_per_host);
+  auto control = threaded_backends(world_size, ranks_per_host);
   std::vector<ProcessGroupPtr> groups;
   for (int r = 0; r < world_size; ++r) {
-    groups.push_back(std::make_shared<ProcessGroup>(std::make_unique<ThreadedBackend>(world, r), options, "world"));
+    groups.push_back(std::make_shared<ProcessGroup>(std::move(data[static_cast<size_t>(r)]),
+                                                    std::move(control[static_cast<size_t>(r)]), options, "world"));
   }
   return groups;
 }

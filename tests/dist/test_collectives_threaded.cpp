@@ -1,13 +1,17 @@
 // Tier `dist`: every collective at world sizes 1..8 on the in-process threaded group; an
-// all-reduce that depends on another op.
+// all-reduce that depends on another op; the collective check on the control channel.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <exception>
 #include <functional>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "../common/collective_cases.h"
+#include "../common/counting_backend.h"
 #include "../common/threaded.h"
 #include "../common/error_of.h"
 #include "fsdp/comm/exposed_wait.h"
@@ -169,4 +173,80 @@ TEST(ThreadedCollectives, BlockingWaitsAreCountedAsExposedInTheirPhase) {
     if (e.phase == WaitPhase::kOptimizer) optimizer_event_s += e.end_s - e.start_s;
   }
   EXPECT_NEAR(optimizer_event_s, after[opt] - before[opt], 1e-9);
+}
+
+namespace {
+
+// Runs fn(rank) on `n` threads; rethrows the first exception after all joined.
+void on_threads(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  std::exception_ptr first;
+  std::mutex mu;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace
+
+// [Note: control channel] A group given a data backend and a control backend of its own (the
+// seam a device data backend uses): the data backend sees the user's ops only, the control
+// channel the signatures; a mismatch is still caught and named.
+TEST(ControlChannel, GivenControlBackendCarriesTheCheckAndTheDataBackendTheOpsOnly) {
+  constexpr int kRanks = 2;
+  auto data = fsdp::comm::threaded_backends(kRanks, kRanks);
+  auto control = fsdp::comm::threaded_backends(kRanks, kRanks);
+  std::vector<fsdp_test::BackendCounts> data_counts(kRanks), control_counts(kRanks);
+  std::vector<fsdp::comm::ProcessGroupPtr> groups;
+  for (int r = 0; r < kRanks; ++r) {
+    groups.push_back(std::make_shared<fsdp::comm::ProcessGroup>(
+        std::make_unique<fsdp_test::CountingBackend>(std::move(data[r]), data_counts[r]),
+        std::make_unique<fsdp_test::CountingBackend>(std::move(control[r]), control_counts[r]),
+        fsdp::comm::threaded_defaults(), "world"));
+  }
+  on_threads(kRanks, [&](int r) {
+    EXPECT_EQ(groups[r]->control_backend_name(), "threaded");
+    fsdp_test::check_control_channel_carries_the_check(*groups[r], data_counts[r], control_counts[r]);
+  });
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(data_counts[r].control_channels.load(), 0);
+}
+
+// The default: the group asks its data backend for a control channel (collective over the
+// threads, as MPI_Comm_dup is over processes); one per group, and one per group split from it.
+TEST(ControlChannel, TheDataBackendsOwnControlChannelCarriesTheCheck) {
+  constexpr int kRanks = 2;
+  auto data = fsdp::comm::threaded_backends(kRanks, kRanks);
+  std::vector<fsdp_test::BackendCounts> data_counts(kRanks), control_counts(kRanks);
+  on_threads(kRanks, [&](int r) {
+    fsdp::comm::ProcessGroup g(
+        std::make_unique<fsdp_test::CountingBackend>(std::move(data[r]), data_counts[r], &control_counts[r]),
+        fsdp::comm::threaded_defaults());
+    EXPECT_EQ(data_counts[r].control_channels.load(), 1);
+    fsdp_test::check_control_channel_carries_the_check(g, data_counts[r], control_counts[r]);
+    EXPECT_EQ(data_counts[r].control_channels.load(), 1) << "the split made a channel instead of splitting it";
+  });
+}
+
+// A control backend that does not span the data backend's ranks is refused at construction,
+// naming the rank and expected vs actual; so is one that is not on the CPU.
+TEST(ControlChannel, AControlBackendOverOtherRanksIsRefused) {
+  auto data = fsdp::comm::threaded_backends(2, 2);
+  auto control = fsdp::comm::threaded_backends(3, 3);
+  const fsdp::Error e = fsdp_test::error_of([&] {
+    fsdp::comm::ProcessGroup g(std::move(data[1]), std::move(control[2]), fsdp::comm::threaded_defaults());
+  });
+  EXPECT_EQ(e.kind(), fsdp::ErrorKind::kInvalidArgument) << e.what();
+  const std::string msg = e.what();
+  EXPECT_NE(msg.find("[fsdp rank 1]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("expected rank 1 of 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 2 of 3"), std::string::npos) << msg;
 }

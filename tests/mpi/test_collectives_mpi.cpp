@@ -1,4 +1,5 @@
-// Tier `mpi`: every collective on the MPI backend, closed-form results.
+// Tier `mpi`: every collective on the MPI backend, closed-form results; the collective check on
+// the MPI control channel.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,11 +9,39 @@
 #include <vector>
 
 #include "../common/collective_cases.h"
+#include "../common/counting_backend.h"
+#if FSDP_WITH_MPI
+#include "fsdp/comm/mpi_backend.h"
+#endif
 #include "mpi_world.h"
 
 TEST(MpiCollectives, ClosedFormAllOps) {
   fsdp_test::check_all_collectives(*fsdp_test::world());
   fsdp_test::check_validation(*fsdp_test::world());
+}
+
+// [Note: control channel] A group over the MPI backend of a duplicate of MPI_COMM_WORLD, as
+// mpi_world builds it, with its control channel from MpiBackend::make_control_channel (an
+// MPI_Comm_dup): the data communicator carries the user's ops only, the control one the
+// signatures; a mismatch is still caught and named.
+TEST(MpiControlChannel, TheDataCommunicatorSeesTheUsersOpsOnly) {
+#if FSDP_WITH_MPI
+  if (fsdp_test::world()->backend_name() != "mpi" || fsdp_test::world()->size() < 2) {
+    GTEST_SKIP() << "needs the mpi backend and two or more ranks (world: " << fsdp_test::world()->backend_name()
+                 << ", " << fsdp_test::world()->size() << " ranks)";
+  }
+  MPI_Comm dup;
+  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &dup), MPI_SUCCESS);
+  fsdp_test::BackendCounts data, control;
+  fsdp::comm::ProcessGroup g(
+      std::make_unique<fsdp_test::CountingBackend>(std::make_unique<fsdp::comm::MpiBackend>(dup), data, &control),
+      fsdp::comm::ProcessGroupOptions::from_env());
+  EXPECT_EQ(data.control_channels.load(), 1);
+  EXPECT_EQ(g.control_backend_name(), "mpi");
+  fsdp_test::check_control_channel_carries_the_check(g, data, control);
+#else
+  GTEST_SKIP() << "a build without MPI";
+#endif
 }
 
 // The host layout the backend reports (ProcessGroup::host_of_ranks) against two independent

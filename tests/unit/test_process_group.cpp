@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "fsdp/comm/process_group.h"
+#include "fsdp/comm/simulated_backend.h"
 #include "fsdp/comm/threaded_backend.h"
 #include "fsdp/common/check.h"
 
@@ -73,6 +74,8 @@ class FakeBackend final : public Backend {
   void broadcast(const at::Tensor&, int) override {}
   void barrier() override {}
   std::unique_ptr<Backend> split(int, int) override { return std::make_unique<FakeBackend>(probe_, delay_); }
+  // A pretend group of one process: a simulated control channel mirrors this rank's signature.
+  std::unique_ptr<Backend> make_control_channel() override { return fsdp::comm::simulated_backend(size(), rank()); }
   [[noreturn]] void abort_job(int) override { std::abort(); }
 
  private:
@@ -235,6 +238,7 @@ TEST(HostSplit, UnevenHostsAreRejectedForPerHostGroups) {
     void broadcast(const at::Tensor&, int) override {}
     void barrier() override {}
     std::unique_ptr<Backend> split(int, int) override { return nullptr; }
+    std::unique_ptr<Backend> make_control_channel() override { return fsdp::comm::simulated_backend(size(), rank()); }
     [[noreturn]] void abort_job(int) override { std::abort(); }
     std::vector<int> hosts;
   };

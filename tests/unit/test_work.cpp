@@ -173,6 +173,8 @@ class DeclaringBackend final : public BlockingBackend {
   void broadcast(const at::Tensor&, int) override { throw std::logic_error("not declared"); }
   void barrier() override {}
   std::unique_ptr<BlockingBackend> split(int, int) override { throw std::logic_error("not declared"); }
+  // A pretend group of one process: a simulated control channel mirrors this rank's signature.
+  std::unique_ptr<BlockingBackend> make_control_channel() override { return fsdp::comm::simulated_backend(2, 0); }
   [[noreturn]] void abort_job(int) override { std::abort(); }
 
   static inline std::atomic<int> all_reduces{0};

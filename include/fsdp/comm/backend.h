@@ -84,6 +84,16 @@ class BlockingBackend {
   virtual std::unique_ptr<BlockingBackend> split_blocks(int block, bool strided) {
     return split(strided ? rank() % block : rank() / block, rank());
   }
+  /// [Note: control channel] Collective over this backend's ranks (blocking; every rank calls it
+  /// at the same point of its calls on this backend, as it would a split): a new CPU backend over
+  /// the same ranks in the same order (same rank(), size()), a communicator of its own, which
+  /// ProcessGroup uses for its CPU control traffic (the collective check's signature exchange)
+  /// so that the data backend carries the user's ops only. The CPU backends implement it (MPI: an
+  /// MPI_Comm_dup; Gloo: a second context over the same store under its own key prefix; threads:
+  /// a channel of its own; simulated: another simulated rank). The default throws fsdp::Error
+  /// (kUnsupported) naming the backend: a device backend (NCCL) cannot carry CPU byte tensors,
+  /// and its ProcessGroup must be given a CPU control backend (MPI or Gloo) over the same ranks.
+  virtual std::unique_ptr<BlockingBackend> make_control_channel();
   /// True for a backend that simulates its ranks inside this process, holding none of their data
   /// (SimulatedBackend, for dry runs). ProcessGroup then also passes it CPU tensors beside
   /// device_type() ones, which the backend handles by its own rule or refuses.

@@ -111,9 +111,20 @@ class GlooBackend final : public Backend {
   void broadcast(const at::Tensor& tensor, int root) override;
   void barrier() override;
   std::unique_ptr<Backend> split(int color, int key) override;
+  /// Collective over this backend's ranks: a second context over the same store and device
+  /// (same ranks, same order, its own TCP pairs) under the key prefix prefix + "control<k>/",
+  /// for ProcessGroup's control channel. Blocks until every rank has connected (the connect
+  /// timeout, then fsdp::Error kTimeout); kCollective when the connection fails.
+  std::unique_ptr<Backend> make_control_channel() override;
   [[noreturn]] void abort_job(int code) override;
 
  private:
+  // Connects like the public constructor; the ranks' hosts are given (no all-gather).
+  GlooBackend(std::shared_ptr<gloo::rendezvous::Store> store, std::shared_ptr<gloo::transport::Device> device,
+              std::string prefix, int rank, int size, double connect_timeout_s, std::vector<int> host_of_ranks);
+  // Connects the full mesh under prefix_ (collective; the connect timeout).
+  void connect();
+
   // Runs one Gloo call with the time left to the deadline, turning Gloo's exceptions into
   // fsdp::Error naming `op`.
   template <typename F>
@@ -126,6 +137,7 @@ class GlooBackend final : public Backend {
   int size_ = 1;
   double connect_timeout_s_ = 300.0;
   int splits_ = 0;  // split() calls so far: each new context's key prefix
+  int controls_ = 0;  // make_control_channel() calls so far: each control context's key prefix
   std::shared_ptr<gloo::Context> context_;
   std::vector<int> host_of_ranks_;
 };

@@ -55,9 +55,17 @@ class MpiBackend final : public Backend {
   void broadcast(const at::Tensor& tensor, int root) override;
   void barrier() override;
   std::unique_ptr<Backend> split(int color, int key) override;
+  /// Collective over comm(): a backend over an MPI_Comm_dup of it (same ranks, same order, its
+  /// own communication context), for ProcessGroup's control channel. Throws fsdp::Error
+  /// (kCollective) when MPI_Comm_dup fails.
+  std::unique_ptr<Backend> make_control_channel() override;
   [[noreturn]] void abort_job(int code) override;
 
  private:
+  // Takes ownership of `comm`, whose ranks sit on `host_of_ranks` (known already: not collective
+  // beyond what MPI_Comm_set_errhandler needs).
+  MpiBackend(MPI_Comm comm, std::vector<int> host_of_ranks);
+
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;

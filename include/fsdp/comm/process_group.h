@@ -97,7 +97,10 @@ struct MarkerOutcome {
 /// differs, no data moves and the op fails on every rank with fsdp::Error (kind kMismatch) naming
 /// the sequence number, each side's op, unit and phase, and the ranks that disagree, instead of
 /// pairing wrong buffers or aborting inside MPI. Always on; cost: one all-gather of 152 bytes per
-/// rank per op (docs/architecture.md, "Collectives").
+/// rank per op (docs/architecture.md, "Collectives"). The descriptions travel on the group's
+/// control channel, a CPU backend over the same ranks beside the data backend ([Note: control
+/// channel] in backend.h): the data backend carries the user's ops only, so that a device
+/// backend (NCCL) never sees CPU bytes. Both are split in step.
 ///
 /// Tensors: contiguous, on the backend's device (the CPU for MPI and threads), at most the
 /// backend's max_elements() elements, of a dtype the backend supports for the op
@@ -109,10 +112,22 @@ struct MarkerOutcome {
 /// ops; their order is the order of issue.
 class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
  public:
-  /// Wraps `backend` (owned). The group is named `name` in records and errors. Starts the
-  /// communication thread when the group has more than one rank.
+  /// Wraps `backend` (owned), which moves the data, and a control channel it makes
+  /// (backend->make_control_channel(): collective over the backend's ranks, so every rank
+  /// constructs its group at the same point). The group is named `name` in records and errors.
+  /// Starts the communication thread when the group has more than one rank. Throws fsdp::Error
+  /// (kInvalidArgument) for a null or inconsistent backend, and what make_control_channel throws
+  /// (kUnsupported for a backend with no CPU control channel: use the constructor below).
   ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options = ProcessGroupOptions::from_env(),
                std::string name = "world");
+  /// Wraps `data` (owned), which moves the tensors of every op, and `control` (owned), a CPU
+  /// backend over the same ranks in the same order that carries the group's control traffic
+  /// (the collective check) and nothing else; null: data->make_control_channel() (collective,
+  /// as above). This is how a device data backend (NCCL) pairs with an MPI or Gloo control
+  /// channel. Not collective otherwise. Throws fsdp::Error (kInvalidArgument) naming the rank and
+  /// expected vs actual when control's rank, size or device differ from what data implies.
+  ProcessGroup(std::unique_ptr<Backend> data, std::unique_ptr<Backend> control,
+               ProcessGroupOptions options = ProcessGroupOptions::from_env(), std::string name = "world");
   /// Finishes every queued op, stops the communication thread, then destroys the backend.
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
@@ -124,6 +139,8 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   int size() const { return size_; }
   /// Backend name, e.g. "mpi" or "threaded".
   const std::string& backend_name() const { return backend_name_; }
+  /// The control channel's backend name (the collective check's transport), e.g. "mpi".
+  const std::string& control_backend_name() const { return control_backend_name_; }
   /// "world", "world/split(3)", ...
   const std::string& name() const { return name_; }
   const ProcessGroupOptions& options() const { return options_; }
@@ -199,8 +216,8 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   std::string flight_recorder_note() const;
 
  private:
-  ProcessGroup(std::unique_ptr<Backend> backend, ProcessGroupOptions options, std::string name,
-               std::shared_ptr<detail::Family> family);
+  ProcessGroup(std::unique_ptr<Backend> data, std::unique_ptr<Backend> control, ProcessGroupOptions options,
+               std::string name, std::shared_ptr<detail::Family> family);
 
   friend AbandonResult abandon_step(const std::vector<ProcessGroup*>& groups, const AbandonedPass& pass);
   // Refuses every later op with `why` (the ranks agreed that they cannot go on together).
@@ -225,10 +242,12 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   // A reduction of this dtype the backend does not run itself: bf16/fp16 over all_to_all.
   bool reduces_in_float32(CollectiveKind kind, c10::ScalarType dtype) const;
 
-  std::unique_ptr<Backend> backend_;  // destroyed last (declared first)
+  std::unique_ptr<Backend> backend_;  // the data backend; destroyed last (declared first)
+  std::unique_ptr<Backend> control_;  // the control channel ([Note: control channel])
   int rank_;
   int size_;
   std::string backend_name_;
+  std::string control_backend_name_;
   ProcessGroupOptions options_;
   std::string name_;
   std::shared_ptr<detail::Family> family_;

@@ -21,4 +21,10 @@ namespace fsdp::comm {
 ProcessGroupPtr simulated_world(int world_size, int rank = 0,
                                 ProcessGroupOptions options = ProcessGroupOptions::from_env());
 
+/// The backend under simulated_world(world_size, rank): rank `rank` of a simulated group, by
+/// the rules above. Also a control channel for a single-process stand-in of a group in tests
+/// (its all-gather of CPU bytes returns this rank's input in every block, so the collective
+/// check passes). Not collective. Throws fsdp::Error (kInvalidArgument) as simulated_world.
+std::unique_ptr<Backend> simulated_backend(int world_size, int rank = 0);
+
 }  // namespace fsdp::comm

@@ -1,6 +1,7 @@
 // In-process backend: N ranks as N threads of one process, for fast tests of many ranks.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "fsdp/comm/process_group.h"
@@ -28,5 +29,13 @@ std::vector<ProcessGroupPtr> threaded_world(int world_size, ProcessGroupOptions 
 /// split of CommStats). Throws fsdp::Error unless ranks_per_host >= 1 divides world_size.
 std::vector<ProcessGroupPtr> threaded_world(int world_size, int ranks_per_host,
                                             ProcessGroupOptions options = threaded_defaults());
+
+/// The backends of one in-process world of world_size ranks (element r: rank r's), with hosts as
+/// in threaded_world(world_size, ranks_per_host); what threaded_world wraps, for tests that build
+/// a ProcessGroup over a backend of their own (e.g. one that counts the calls it forwards). Each
+/// backend's make_control_channel() is collective over the world's ranks (call it from every
+/// rank's thread). Not collective. Throws fsdp::Error (kInvalidArgument) for world_size < 1 or
+/// a ranks_per_host that does not divide it.
+std::vector<std::unique_ptr<Backend>> threaded_backends(int world_size, int ranks_per_host);
 
 }  // namespace fsdp::comm
