@@ -1,5 +1,6 @@
 #include "plan/plan_flags.h"
 
+#include "fsdp/comm/backend_registry.h"
 #include "fsdp/comm/world.h"
 
 #include <CLI/CLI.hpp>
@@ -172,8 +173,8 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
                "step update per tensor size; writes --out")
       ->group("Calibration");
   app.add_option("--out", f.out, "--calibrate: the profile file to write")->group("Calibration");
-  app.add_option("--backend", f.backend, "--calibrate: collectives over mpi (mpirun) or gloo (torchrun); auto: "
-                 "gloo under torchrun, else mpi")->check(CLI::IsMember({"auto", "mpi", "gloo"}))->group("Calibration");
+  app.add_option("--backend", f.backend, "--calibrate: the collectives measured: " + fsdp::comm::backend_flag_help())
+      ->check(apps::train::world_backend_name())->group("Calibration");
   app.add_option("--threads", f.threads, "--calibrate: intra-op threads per rank")->check(positive)->group("Calibration");
   app.add_option("--name", f.name, "--calibrate: the profile's name")->group("Calibration");
 

@@ -10,6 +10,8 @@ no MPI_ABORT banner and no backtrace:
     setting and each side's value;
   * ids rewritten in a token cache: rebuilt from the text (its ids' checksum), saying why, the
     same step-1 loss;
+  * --backend nccl in a build without CUDA (known, not built) and an unknown backend: exit 2, the
+    line saying why;
   * flags out of range (readable bounds), --sample-top-k above the vocabulary, an empty
     --sample-prompt, --export / --metrics / --trace in a missing directory, --save on a full or
     too small file system (a tmpfs mounted here when root; else skipped with the reason): all
@@ -121,6 +123,23 @@ def test_budget_on_some_ranks(opts, tmp):
     check(len(phases) >= 2, "the budgets were refused in more than one phase of the step: %s" % sorted(phases))
 
 
+def test_backend_names(opts):
+    """--backend takes the names of the library's registry: a known backend this build lacks (nccl
+    in a build without CUDA) is refused saying so, an unknown one with the known names; exit 2,
+    one line, no backtrace."""
+    usage = " ".join(subprocess.run([opts.bin, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, timeout=60).stdout.split())
+    check("'nccl': " in usage, "--help lists the nccl backend")
+    if re.search(r"'nccl': [^;]*\(not in this build\)", usage):
+        expect_error(run(["--steps", "1", "--backend", "nccl"], 1, opts), 2, "--backend",
+                     "backend 'nccl' is not in this build (it needs a CUDA build (FSDP_WITH_CUDA))",
+                     "use --backend mpi (mpirun) or gloo (torchrun)")
+    else:
+        print("  --backend nccl: this build has it (its --help does not mark it); its refusal not tested")
+    expect_error(run(["--steps", "1", "--backend", "tcp"], 1, opts), 2, "--backend",
+                 "backend 'tcp': expected one of auto, mpi, gloo, nccl")
+
+
 def test_flags(opts, tmp):
     m = os.path.join(tmp, "m.jsonl")
     expect_error(run(["--steps=-1"], 1, opts), 2, "--steps", "outside [1, 1073741824]")
@@ -138,6 +157,7 @@ def test_flags(opts, tmp):
         check(not events(m, "step"), "%s: refused before step 1" % args)
     # A typo or a flag without a value keeps its own message; the seed has bounds (no wrap of -1).
     expect_error(run(["--steps", "2", "--sav", ""], 1, opts), 2, "an empty argument after '--sav'")
+    test_backend_names(opts)
     expect_error(run(["--steps", "2", "--seed", "-1"], 1, opts), 2, "--seed: -1 is outside [0, ")
     toml = os.path.join(tmp, "empty.toml")
     with open(toml, "w") as f:

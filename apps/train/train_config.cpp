@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "fsdp/accounting/budget.h"
+#include "fsdp/comm/backend_registry.h"
 #include <sstream>
 #include <vector>
 
@@ -217,10 +218,8 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
   app.add_option("--trace", c.trace,
                  "Write a Chrome trace (chrome://tracing, Perfetto) of all ranks to this path")
       ->group("Output");
-  app.add_option("--backend", c.backend,
-                 "Collectives over 'mpi' (launch with mpirun) or 'gloo' (launch with torchrun, or set RANK, "
-                 "WORLD_SIZE, MASTER_ADDR, MASTER_PORT); 'auto': gloo under torchrun, else mpi")
-      ->check(CLI::IsMember({"auto", "mpi", "gloo"}))->group("Output");
+  app.add_option("--backend", c.backend, "The world's collectives: " + fsdp::comm::backend_flag_help())
+      ->check(world_backend_name())->group("Output");
   app.add_option("--collective-timeout", c.collective_timeout_s,
                  "Seconds a collective may take before the job stops with a diagnosis of who is where "
                  "(default: FSDP_COLLECTIVE_TIMEOUT_S, else 600)")

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/comm/backend_registry.h"
+
 namespace apps::train {
 namespace {
 
@@ -69,6 +71,12 @@ CLI::Validator boolean_word() {
         return "'" + s + "' is not true or false (accepted: true|false, 1|0, yes|no, on|off)";
       },
       "true|false");
+}
+
+CLI::Validator world_backend_name() {
+  std::string names;
+  for (const std::string& n : fsdp::comm::buildable_backend_names()) names += (names.empty() ? "" : "|") + n;
+  return CLI::Validator([](std::string& s) { return fsdp::comm::backend_refusal(s); }, names);
 }
 
 CLI::Validator real_in(double lo, double hi, bool lo_open) { return real_check(lo, hi, lo_open, false); }

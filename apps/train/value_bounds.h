@@ -30,6 +30,12 @@ void add_lora_flags(CLI::App& app, int64_t* rank, std::string* targets, const st
 /// "'VALUE' is not true or false (...)" instead of CLI11's "Could not convert".
 CLI::Validator boolean_word();
 
+/// A --backend value as the library's registry has it (fsdp::comm::world_backends): "auto" or a
+/// backend this build has. Rejects a known backend this build lacks with the line saying so
+/// ("backend 'nccl' is not in this build (it needs a CUDA build ...)"), an unknown name with the
+/// known names. Its description lists the accepted names (auto|mpi|gloo).
+CLI::Validator world_backend_name();
+
 /// Throws CLI::ValidationError naming the option of the first empty value among the command-line
 /// arguments `args` (argv without the program name): `--save ""` or `--save=`, most often an unset
 /// shell variable (`--save "$CKPT_DIR"`). CLI11 would read the first as the option left out and the

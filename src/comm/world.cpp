@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "fsdp/comm/backend_registry.h"
 #include "fsdp/comm/gloo_backend.h"
 #include "fsdp/common/check.h"
 #if FSDP_WITH_MPI
@@ -29,10 +30,11 @@ void init_launcher() {
 }
 
 std::string resolve_backend(const std::string& requested) {
-  FSDP_CHECK(requested == "auto" || requested == "mpi" || requested == "gloo", ErrorKind::kInvalidArgument,
-             (ErrorContext{-1, "", "world_from_env"}), "backend '", requested, "': expected auto, mpi or gloo");
+  const std::string refusal = backend_refusal(requested);
+  FSDP_CHECK(refusal.empty() || find_world_backend(requested) != nullptr, ErrorKind::kInvalidArgument,
+             (ErrorContext{-1, "", "world_from_env"}), refusal);
   // RANK without WORLD_SIZE, or the reverse, is a launch half set up by hand: under auto it would
-  // train as independent jobs of one rank each.
+  // train as independent jobs of one rank.
   check_rank_and_world_size_paired();
   // auto: gloo under torchrun; otherwise MPI (mpirun, or a single process), or gloo in a build
   // without MPI (a single process then forms a world of one).
@@ -43,8 +45,8 @@ std::string resolve_backend(const std::string& requested) {
              (ErrorContext{launcher_rank(), "", "world_from_env"}),
              "backend 'mpi' in a torchrun job (RANK, WORLD_SIZE set, no MPI launcher): its ranks would not "
              "form one MPI job; use the gloo backend under torchrun, or launch with mpirun");
-  FSDP_CHECK(chosen != "mpi" || mpi_available(), ErrorKind::kUnsupported, (ErrorContext{-1, "", "world_from_env"}),
-             "backend 'mpi' is not in this build (FSDP_WITH_MPI=OFF): launch with torchrun or use --backend gloo");
+  // A known backend this build lacks (mpi without MPI, nccl without CUDA).
+  FSDP_CHECK(refusal.empty(), ErrorKind::kUnsupported, (ErrorContext{-1, "", "world_from_env"}), refusal);
   return chosen;
 }
 
@@ -52,10 +54,11 @@ ProcessGroupPtr world_from_env(const std::string& backend, const ProcessGroupOpt
   const std::string chosen = resolve_backend(backend);
   if (chosen == "gloo") return gloo_world(GlooRendezvous::from_env(), options);
 #if FSDP_WITH_MPI
-  return mpi_world(options);
-#else
-  throw Error(ErrorKind::kUnsupported, ErrorContext{-1, "", "world_from_env"}, "no MPI in this build");
+  if (chosen == "mpi") return mpi_world(options);
 #endif
+  // A backend the registry says this build has, without a world function here.
+  throw Error(ErrorKind::kUnsupported, ErrorContext{-1, "", "world_from_env"},
+              str_cat("backend '", chosen, "' has no world function in this library"));
 }
 
 }  // namespace fsdp::comm

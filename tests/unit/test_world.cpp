@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../common/error_of.h"
+#include "fsdp/comm/backend_registry.h"
 #include "fsdp/comm/gloo_backend.h"
 #include "fsdp/comm/world.h"
 #include "fsdp/common/check.h"
@@ -88,9 +89,66 @@ TEST(World, AutoPicksGlooUnderTorchrunAndOtherwiseMpiWhenTheBuildHasIt) {
     const ScopedEnv env(vars);
     EXPECT_EQ(fsdp::comm::resolve_backend("auto"), fsdp::comm::mpi_available() ? "mpi" : "gloo");
   }
-  const fsdp::Error e = error_of([] { fsdp::comm::resolve_backend("nccl"); });
+  const fsdp::Error e = error_of([] { fsdp::comm::resolve_backend("ncl"); });
   EXPECT_EQ(e.kind(), fsdp::ErrorKind::kInvalidArgument);
-  EXPECT_TRUE(contains(e.what(), "backend 'nccl': expected auto, mpi or gloo")) << e.what();
+  EXPECT_TRUE(contains(e.what(), "backend 'ncl': expected one of auto, mpi, gloo, nccl")) << e.what();
+}
+
+// The registry of world backends: one entry per known name, whether this build has it (MPI as
+// the build found it, Gloo always, NCCL only in a CUDA build), and the lines the apps print.
+TEST(BackendRegistry, KnownNamesWhatThisBuildHasAndTheRefusals) {
+  using fsdp::comm::backend_refusal;
+  std::vector<std::string> names;
+  for (const auto& b : fsdp::comm::world_backends()) {
+    names.push_back(b.name);
+    EXPECT_FALSE(b.description.empty()) << b.name;
+    EXPECT_EQ(b.description.find('\n'), std::string::npos) << b.name << ": one line";
+    EXPECT_TRUE(b.built || (!b.needs.empty() && !b.instead.empty())) << b.name << ": a refusal says what it needs";
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"mpi", "gloo", "nccl"}));
+  ASSERT_NE(fsdp::comm::find_world_backend("mpi"), nullptr);
+  EXPECT_EQ(fsdp::comm::find_world_backend("mpi")->built, fsdp::comm::mpi_available());
+  EXPECT_TRUE(fsdp::comm::find_world_backend("gloo")->built);
+  EXPECT_EQ(fsdp::comm::find_world_backend("NCCL"), nullptr);  // names are exact
+  EXPECT_EQ(fsdp::comm::find_world_backend("threaded"), nullptr);  // tests' own, not a world's
+#if defined(FSDP_WITH_CUDA) && FSDP_WITH_CUDA
+  EXPECT_TRUE(fsdp::comm::find_world_backend("nccl")->built);
+#else
+  EXPECT_FALSE(fsdp::comm::find_world_backend("nccl")->built);
+  EXPECT_EQ(backend_refusal("nccl"),
+            "backend 'nccl' is not in this build (it needs a CUDA build (FSDP_WITH_CUDA)): use --backend mpi "
+            "(mpirun) or gloo (torchrun)");
+#endif
+  // What a --backend flag accepts: auto and what this build has, in the registry's order.
+  std::vector<std::string> accepted{"auto"};
+  for (const auto& b : fsdp::comm::world_backends()) {
+    if (b.built) accepted.push_back(b.name);
+  }
+  EXPECT_EQ(fsdp::comm::buildable_backend_names(), accepted);
+  for (const auto& name : accepted) EXPECT_EQ(backend_refusal(name), "") << name;
+  if (!fsdp::comm::mpi_available()) {
+    EXPECT_TRUE(contains(backend_refusal("mpi"), "backend 'mpi' is not in this build (it needs FSDP_WITH_MPI=ON"));
+  }
+  EXPECT_EQ(backend_refusal("tcp"), "backend 'tcp': expected one of auto, mpi, gloo, nccl");
+  EXPECT_EQ(backend_refusal(""), "backend '': expected one of auto, mpi, gloo, nccl");
+  // The help names every known backend and marks those this build lacks.
+  const std::string help = fsdp::comm::backend_flag_help();
+  for (const auto& b : fsdp::comm::world_backends()) {
+    EXPECT_TRUE(contains(help, "'" + b.name + "': " + b.description)) << help;
+    EXPECT_EQ(contains(help, "'" + b.name + "': " + b.description + " (not in this build)"), !b.built) << help;
+  }
+}
+
+// A known backend this build lacks is refused by world setup as unsupported, with the registry's
+// line, after the launch checks every name gets.
+TEST(BackendRegistry, WorldSetupRefusesAKnownBackendThisBuildLacks) {
+  const ScopedEnv env(no_launcher());
+  for (const auto& b : fsdp::comm::world_backends()) {
+    if (b.built) continue;
+    const fsdp::Error e = error_of([&] { fsdp::comm::resolve_backend(b.name); });
+    EXPECT_EQ(e.kind(), fsdp::ErrorKind::kUnsupported) << e.what();
+    EXPECT_TRUE(contains(e.what(), fsdp::comm::backend_refusal(b.name))) << e.what();
+  }
 }
 
 TEST(World, GlooUnderAnMpiLauncherNamesTheLauncher) {

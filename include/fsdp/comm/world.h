@@ -7,13 +7,13 @@
 
 namespace fsdp::comm {
 
-/// "mpi" or "gloo" for `requested` ("auto", "mpi" or "gloo"): "auto" is "gloo" when
-/// torchrun_environment() (RANK and WORLD_SIZE set, no MPI launcher's variables) or when this
-/// build has no MPI, else "mpi".
-/// Throws fsdp::Error (kInvalidArgument) for another name or for "mpi" in a torchrun environment
-/// (its ranks would not form one MPI job), (kUnsupported) for "mpi" in a build without MPI
-/// (FSDP_WITH_MPI off), (kInvalidArgument) when only one of RANK and WORLD_SIZE is set outside an
-/// MPI launcher.
+/// The backend to build the world over for `requested` ("auto" or a name of world_backends(),
+/// backend_registry.h): "auto" is "gloo" when torchrun_environment() (RANK and WORLD_SIZE set, no
+/// MPI launcher's variables) or when this build has no MPI, else "mpi"; a name is itself.
+/// Throws fsdp::Error (kInvalidArgument) for an unknown name (listing the known ones), for "mpi"
+/// in a torchrun environment (its ranks would not form one MPI job), and when only one of RANK
+/// and WORLD_SIZE is set outside an MPI launcher; (kUnsupported) for a known backend this build
+/// lacks ("mpi" without MPI, "nccl" without CUDA), with backend_refusal's line. Not collective.
 std::string resolve_backend(const std::string& requested);
 
 /// This process's rank as its launcher numbered it, from the environment (OMPI_COMM_WORLD_RANK,
