@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds the CUDA build of fsdp-cpp (FSDP_WITH_CUDA=ON: the NCCL backend and the
-# gpu tests) into build-cuda/ (Release, Ninja when installed), every target. Not part of
+# gpu tests) into build-cuda/ (FSDP_CUDA_BUILD_DIR: another folder; Release, Ninja when installed),
+# every target. Not part of
 # scripts/test.sh: without a CUDA torch at hand it installs one (about 3 GB of wheels).
 #
 # Which torch:
@@ -15,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-BUILD=build-cuda
+BUILD=${FSDP_CUDA_BUILD_DIR:-build-cuda}
 JOBS=${FSDP_BUILD_JOBS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}
 T0=$(date +%s)
 mkdir -p "$BUILD"

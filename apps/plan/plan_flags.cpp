@@ -174,7 +174,7 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
       ->group("Calibration");
   app.add_option("--out", f.out, "--calibrate: the profile file to write")->group("Calibration");
   app.add_option("--backend", f.backend, "--calibrate: the collectives measured: " + fsdp::comm::backend_flag_help())
-      ->check(apps::train::world_backend_name())->group("Calibration");
+      ->check(apps::train::world_backend_name("fsdp-plan"))->group("Calibration");
   app.add_option("--threads", f.threads, "--calibrate: intra-op threads per rank")->check(positive)->group("Calibration");
   app.add_option("--name", f.name, "--calibrate: the profile's name")->group("Calibration");
 

@@ -219,7 +219,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
                  "Write a Chrome trace (chrome://tracing, Perfetto) of all ranks to this path")
       ->group("Output");
   app.add_option("--backend", c.backend, "The world's collectives: " + fsdp::comm::backend_flag_help())
-      ->check(world_backend_name())->group("Output");
+      ->check(world_backend_name("fsdp-train"))->group("Output");
   app.add_option("--collective-timeout", c.collective_timeout_s,
                  "Seconds a collective may take before the job stops with a diagnosis of who is where "
                  "(default: FSDP_COLLECTIVE_TIMEOUT_S, else 600)")

@@ -73,10 +73,14 @@ CLI::Validator boolean_word() {
       "true|false");
 }
 
-CLI::Validator world_backend_name() {
+CLI::Validator world_backend_name(const std::string& program) {
   std::string names;
-  for (const std::string& n : fsdp::comm::buildable_backend_names()) names += (names.empty() ? "" : "|") + n;
-  return CLI::Validator([](std::string& s) { return fsdp::comm::backend_refusal(s); }, names);
+  for (const std::string& n : fsdp::comm::buildable_backend_names()) {
+    const fsdp::comm::WorldBackend* b = fsdp::comm::find_world_backend(n);
+    if (b == nullptr || b->tensors_on == "cpu") names += (names.empty() ? "" : "|") + n;
+  }
+  return CLI::Validator(
+      [program](std::string& s) { return fsdp::comm::backend_refusal_for_cpu_program(s, program); }, names);
 }
 
 CLI::Validator real_in(double lo, double hi, bool lo_open) { return real_check(lo, hi, lo_open, false); }

@@ -33,8 +33,10 @@ CLI::Validator boolean_word();
 /// A --backend value as the library's registry has it (fsdp::comm::world_backends): "auto" or a
 /// backend this build has. Rejects a known backend this build lacks with the line saying so
 /// ("backend 'nccl' is not in this build (it needs a CUDA build ...)"), an unknown name with the
-/// known names. Its description lists the accepted names (auto|mpi|gloo).
-CLI::Validator world_backend_name();
+/// known names, and one whose collectives move device tensors (nccl, in a CUDA build) because
+/// `program` runs on the CPU (fsdp::comm::backend_refusal_for_cpu_program). Its description
+/// lists the accepted names (auto|mpi|gloo).
+CLI::Validator world_backend_name(const std::string& program);
 
 /// Throws CLI::ValidationError naming the option of the first empty value among the command-line
 /// arguments `args` (argv without the program name): `--save ""` or `--save=`, most often an unset

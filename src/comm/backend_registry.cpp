@@ -22,7 +22,7 @@ const std::vector<WorldBackend>& world_backends() {
        "Gloo over TCP on CPU tensors; launch with torchrun, or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT",
        "", ""},
       {"nccl", kWithCuda, "NCCL on CUDA tensors, one GPU per rank", "a CUDA build (FSDP_WITH_CUDA)",
-       "use --backend mpi (mpirun) or gloo (torchrun)"},
+       "use --backend mpi (mpirun) or gloo (torchrun)", "cuda"},
   };
   return backends;
 }
@@ -58,6 +58,16 @@ std::string backend_refusal(const std::string& name) {
   std::string known = "auto";
   for (const WorldBackend& b : world_backends()) known += ", " + b.name;
   return str_cat("backend '", name, "': expected one of ", known);
+}
+
+std::string backend_refusal_for_cpu_program(const std::string& name, const std::string& program) {
+  std::string refusal = backend_refusal(name);
+  if (!refusal.empty()) return refusal;
+  const WorldBackend* b = find_world_backend(name);
+  if (b == nullptr || b->tensors_on == "cpu") return "";
+  return str_cat("backend '", name, "' moves ", b->tensors_on, " tensors: ", program,
+                 " runs on the CPU (it has no device flag yet); use --backend mpi (mpirun) or gloo (torchrun). "
+                 "A program of one's own reaches it through fsdp::comm::world_from_env(\"", name, "\")");
 }
 
 }  // namespace fsdp::comm

@@ -191,22 +191,13 @@ void NcclBackend::wait_done(const char* op) {
 
 void NcclBackend::all_gather(const at::Tensor& output, const at::Tensor& input) {
   const char* op = "ncclAllGather";
-  // CPU tensors: the group's collective check (a few hundred bytes), staged through the device.
-  const bool host = input.device().is_cpu() && output.device().is_cpu();
-  at::Tensor in = input, out = output;
-  if (host) {
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-    in = input.to(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_)));
-    out = at::empty({output.numel()}, in.options());
-  }
-  check_on_device(op, in);
-  check_on_device(op, out);
+  check_on_device(op, input);
+  check_on_device(op, output);
   run(op, [&] {
-    check_nccl(ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()), nccl_type(in, rank_, op),
-                             comm_, stream_),
+    check_nccl(ncclAllGather(input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel()),
+                             nccl_type(input, rank_, op), comm_, stream_),
                comm_, rank_, op, op);
   });
-  if (host) output.view(-1).copy_(out);  // device to host: synchronous
 }
 
 void NcclBackend::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp rop) {
@@ -317,7 +308,11 @@ ProcessGroupPtr nccl_world(const ProcessGroupPtr& bootstrap, int device_index, c
   FSDP_CHECK(bootstrap->device_type() == c10::DeviceType::CPU && !bootstrap->simulated(), ErrorKind::kInvalidArgument,
              (ErrorContext{bootstrap->rank(), "", "nccl_world"}), "the bootstrap group must be a CPU group, got ",
              bootstrap->backend_name(), " on ", c10::DeviceTypeName(bootstrap->device_type(), true));
-  return std::make_shared<ProcessGroup>(std::make_unique<NcclBackend>(*bootstrap, device_index), options, "world");
+  // The control channel first (a collective of the bootstrap's, like the NCCL id's broadcast
+  // below): the group's collective check then never touches the device ([Note: control channel]).
+  std::unique_ptr<Backend> control = bootstrap->make_control_backend();
+  auto data = std::make_unique<NcclBackend>(*bootstrap, device_index);
+  return std::make_shared<ProcessGroup>(std::move(data), std::move(control), options, "world");
 }
 
 int local_rank_on_host(const ProcessGroup& group) {

@@ -295,6 +295,14 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
                                                         str_cat(name_, "/split(", color, ")"), family_));
 }
 
+std::unique_ptr<Backend> ProcessGroup::make_control_backend() {
+  std::unique_ptr<Backend> made;
+  const OpTag tag{"", "make_control_backend"};
+  const Described d{CollectiveKind::kBarrier, nullptr, ReduceOp::kSum, -1, &tag, -1};  // set-up: not counted
+  enqueue(d, [this, &made] { made = backend_->make_control_channel(); })->wait();
+  return made;
+}
+
 std::shared_ptr<ProcessGroup> ProcessGroup::split_blocks(int block, bool strided) {
   FSDP_CHECK(block >= 1 && size_ % block == 0, ErrorKind::kInvalidArgument, at_op(rank_, "split_blocks"),
              expected_actual("block", str_cat("a divisor of the group size ", size_), block));

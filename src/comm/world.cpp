@@ -8,6 +8,9 @@
 #if FSDP_WITH_MPI
 #include "fsdp/comm/mpi_backend.h"
 #endif
+#if FSDP_WITH_CUDA
+#include "fsdp/comm/nccl_backend.h"
+#endif
 
 namespace fsdp::comm {
 
@@ -55,6 +58,19 @@ ProcessGroupPtr world_from_env(const std::string& backend, const ProcessGroupOpt
   if (chosen == "gloo") return gloo_world(GlooRendezvous::from_env(), options);
 #if FSDP_WITH_MPI
   if (chosen == "mpi") return mpi_world(options);
+#endif
+#if FSDP_WITH_CUDA
+  if (chosen == "nccl") {
+    // The CPU world of the launcher (mpirun: MPI; otherwise Gloo) bootstraps NCCL and stays alive
+    // with the returned group (it installed the job channel that abort_job uses).
+    struct Worlds {
+      ProcessGroupPtr bootstrap, nccl;  // nccl is destroyed first
+    };
+    auto worlds = std::make_shared<Worlds>();
+    worlds->bootstrap = world_from_env("auto", options);
+    worlds->nccl = nccl_world(worlds->bootstrap, local_rank_on_host(*worlds->bootstrap), options);
+    return ProcessGroupPtr(worlds, worlds->nccl.get());
+  }
 #endif
   // A backend the registry says this build has, without a world function here.
   throw Error(ErrorKind::kUnsupported, ErrorContext{-1, "", "world_from_env"},

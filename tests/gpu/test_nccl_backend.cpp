@@ -18,6 +18,7 @@
 #include "comm/all_to_all_reductions.h"  // detail::reduce_with: what ProcessGroup does for kAvg
 #include "fsdp/comm/nccl_backend.h"
 #include "fsdp/comm/threaded_backend.h"
+#include "fsdp/comm/world.h"
 
 namespace {
 
@@ -74,11 +75,10 @@ TEST(NcclBackend, AllGatherOfOne) {
   at::Tensor out = at::full({7}, -1.0, on_cuda(at::kFloat));
   b->all_gather(out, in);
   expect_equal(out, in, "all_gather output");
-  // CPU tensors: the group's collective check goes this way (staged through the device).
-  const at::Tensor host_in = at::arange(152, at::kByte);
-  at::Tensor host_out = at::zeros({152}, at::kByte);
-  b->all_gather(host_out, host_in);
-  expect_equal(host_out, host_in, "all_gather of CPU bytes");
+  // CPU tensors are refused: the collective check travels on the group's CPU control channel.
+  at::Tensor host_out = at::zeros({7}, at::kFloat);
+  EXPECT_THROW(b->all_gather(host_out, at::arange(7, at::kFloat)), fsdp::Error);
+  EXPECT_THROW(b->make_control_channel(), fsdp::Error);
 }
 
 TEST(NcclBackend, ReduceScatterSumAndAvgOfOne) {
@@ -179,6 +179,7 @@ TEST(NcclProcessGroup, FullyShardStepMatchesCpu) {
   auto boot = fsdp::comm::threaded_world(1);
   auto g = fsdp::comm::nccl_world(boot[0], 0, fsdp::comm::threaded_defaults());
   EXPECT_EQ(g->backend_name(), "nccl");
+  EXPECT_EQ(g->control_backend_name(), "threaded");  // the check never touches the device
   EXPECT_EQ(g->device_type(), c10::DeviceType::CUDA);
   auto cpu_group = fsdp::comm::threaded_world(1)[0];
   torch::manual_seed(7);
@@ -269,8 +270,8 @@ TEST(NcclTwoRanks, CollectivesInClosedForm) {
   });
 }
 
-// Two ranks through ProcessGroup: the collective check (CPU signatures, staged) and the group's
-// own kAvg division run over NCCL.
+// Two ranks through ProcessGroup: the collective check's CPU signatures on the control channel,
+// the group's own kAvg division and the data over NCCL.
 TEST(NcclTwoRanks, ProcessGroupOverNccl) {
   FSDP_NEED_DEVICES(2);
   run_ranks(2, [](int r, fsdp::comm::ProcessGroupPtr boot) {
@@ -285,6 +286,19 @@ TEST(NcclTwoRanks, ProcessGroupOverNccl) {
     g->barrier()->wait();
     EXPECT_EQ(fsdp::comm::local_rank_on_host(*boot), r);
   });
+}
+
+// The world a program asks for by name: the launcher's CPU world (a process of its own here: a
+// world of one) bootstraps NCCL on the device local_rank_on_host gives, and carries the check.
+TEST(NcclWorld, FromTheEnvironmentAtOneRank) {
+  FSDP_NEED_DEVICES(1);
+  auto world = fsdp::comm::world_from_env("nccl");
+  EXPECT_EQ(world->backend_name(), "nccl");
+  EXPECT_EQ(world->control_backend_name(), fsdp::comm::mpi_available() ? "mpi" : "gloo");
+  EXPECT_EQ(world->size(), 1);
+  at::Tensor t = at::full({5}, 2.5, on_cuda(at::kFloat));
+  world->all_reduce(t, ReduceOp::kSum)->wait();
+  expect_equal(t, at::full({5}, 2.5), "all_reduce over a world of one");
 }
 
 }  // namespace

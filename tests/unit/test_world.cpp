@@ -141,6 +141,26 @@ TEST(BackendRegistry, KnownNamesWhatThisBuildHasAndTheRefusals) {
 
 // A known backend this build lacks is refused by world setup as unsupported, with the registry's
 // line, after the launch checks every name gets.
+// The apps train and measure on CPU tensors: a backend of device tensors is refused with a line
+// that says so in a build that has it, with the registry's own refusal in one that does not.
+TEST(BackendRegistry, ACpuProgramRefusesABackendOfDeviceTensors) {
+  using fsdp::comm::backend_refusal_for_cpu_program;
+  for (const auto& b : fsdp::comm::world_backends()) {
+    EXPECT_TRUE(b.tensors_on == "cpu" || b.tensors_on == "cuda") << b.name;
+    if (b.tensors_on == "cpu") {
+      EXPECT_EQ(backend_refusal_for_cpu_program(b.name, "fsdp-train"), fsdp::comm::backend_refusal(b.name));
+    } else if (!b.built) {
+      EXPECT_EQ(backend_refusal_for_cpu_program(b.name, "fsdp-train"), fsdp::comm::backend_refusal(b.name));
+    } else {
+      const std::string why = backend_refusal_for_cpu_program(b.name, "fsdp-train");
+      EXPECT_TRUE(contains(why, "backend '" + b.name + "' moves cuda tensors: fsdp-train runs on the CPU")) << why;
+    }
+  }
+  EXPECT_EQ(fsdp::comm::find_world_backend("nccl")->tensors_on, "cuda");
+  EXPECT_EQ(backend_refusal_for_cpu_program("auto", "fsdp-plan"), "");
+  EXPECT_TRUE(contains(backend_refusal_for_cpu_program("bogus", "fsdp-plan"), "expected one of auto, mpi, gloo, nccl"));
+}
+
 TEST(BackendRegistry, WorldSetupRefusesAKnownBackendThisBuildLacks) {
   const ScopedEnv env(no_launcher());
   for (const auto& b : fsdp::comm::world_backends()) {

@@ -14,6 +14,7 @@ struct WorldBackend {
   std::string description;  ///< one line: what it runs on and how its jobs are launched
   std::string needs;        ///< what a build needs to have it, for the refusal of one without it
   std::string instead;      ///< what to do in a build without it
+  std::string tensors_on = "cpu";  ///< where the tensors of its collectives live: "cpu" or "cuda"
 };
 
 /// Every known world backend, in the order help texts list them: mpi (FSDP_WITH_MPI), gloo
@@ -36,5 +37,10 @@ std::string backend_flag_help();
 /// known one it lacks; "backend 'X': expected one of auto, mpi, gloo, nccl" for an unknown one.
 /// Not collective; throws nothing.
 std::string backend_refusal(const std::string& name);
+
+/// backend_refusal(name), and for a program whose tensors live on the CPU (fsdp-train and
+/// fsdp-plan today) also a backend whose collectives move device tensors: "backend 'nccl' moves
+/// cuda tensors: <program> trains and measures on the CPU ...". Not collective; throws nothing.
+std::string backend_refusal_for_cpu_program(const std::string& name, const std::string& program);
 
 }  // namespace fsdp::comm

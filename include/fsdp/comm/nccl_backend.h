@@ -34,9 +34,10 @@ namespace fsdp::comm {
 /// all_reduce -> ncclAllReduce (in place), broadcast -> ncclBroadcast (in place), all_to_all ->
 /// one ncclSend and one ncclRecv per peer inside ncclGroupStart/End, barrier -> an all-reduce of
 /// one float32 element. bfloat16 and float16 are reduced by NCCL itself (supports() is true for
-/// them), in their own precision. all_gather also takes CPU tensors (the group's collective
-/// check exchanges its op descriptions, 152 bytes a rank, through it): they are copied to the
-/// device and back; every other op refuses CPU tensors with fsdp::Error kInvalidArgument.
+/// them), in their own precision. Every op refuses CPU tensors with fsdp::Error
+/// kInvalidArgument: the group's CPU control traffic (the collective check) travels on its
+/// control channel (make_control_channel is the default's, which refuses; nccl_world pairs this
+/// backend with a CPU backend made by the bootstrap group).
 ///
 /// Errors: an NCCL or CUDA failure (a return code, or an asynchronous error of the communicator)
 /// throws fsdp::Error kCollective naming the rank, the op, the NCCL or CUDA call and its error
@@ -118,7 +119,8 @@ class NcclBackend final : public Backend {
 };
 
 /// The group of all processes of `bootstrap` over NCCL, named "world": NcclBackend(*bootstrap,
-/// device_index) in a ProcessGroup with `options`. Collective over `bootstrap` (every rank calls
+/// device_index) in a ProcessGroup with `options`, its control channel (the collective check) a
+/// CPU backend over the same ranks made by `bootstrap` (ProcessGroup::make_control_backend). Collective over `bootstrap` (every rank calls
 /// it once, in the same order as its other collectives there; blocks until every rank joined).
 /// Keep `bootstrap` alive as the job's CPU group: it made the job channel that abort_job uses.
 /// Errors: those of NcclBackend's constructor.

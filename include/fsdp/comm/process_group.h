@@ -188,6 +188,13 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   /// (key, rank), sharing this group's stats(), flight recorder and options, named
   /// name() + "/split(color)". Every rank must call it in the same order as its other collectives.
   std::shared_ptr<ProcessGroup> split(int color, int key);
+  /// Collective over this group (blocking; every rank calls it at the same point of its calls on
+  /// this group, as it would split): a new CPU backend over the same ranks in the same order, a
+  /// communicator of its own (the data backend's make_control_channel), owned by the caller. It
+  /// is how a device group built over this CPU group gets its control channel (nccl_world pairs
+  /// it with the NCCL backend through ProcessGroup(data, control, ...)). Throws what
+  /// make_control_channel throws (fsdp::Error kUnsupported for a backend without one).
+  std::unique_ptr<Backend> make_control_backend();
   /// Collective over this group (blocking), like split: groups of `block` consecutive ranks
   /// (strided false: color rank() / block) or of the ranks with the same rank() % block (strided
   /// true), ordered by rank. Throws fsdp::Error (kInvalidArgument) unless block divides size().
