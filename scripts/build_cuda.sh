@@ -42,6 +42,9 @@ if [ -n "${FSDP_TORCH_PYTHON:-}" ]; then
   fi
   TK=$(cd "$(dirname "$(readlink -f "$NVCC")")/.." && pwd)
   CMAKE_CUDA_ARGS=(-DCMAKE_CUDA_COMPILER="$NVCC" -DCUDAToolkit_ROOT="$TK" -DCUDA_TOOLKIT_ROOT_DIR="$TK")
+  # libtorch's CUDA set-up looks for nvcc on PATH and in CUDA_HOME too (/usr/local/cuda/bin is
+  # often not on PATH).
+  export PATH="$(dirname "$NVCC"):$PATH" CUDA_HOME="$TK" CUDACXX="$NVCC"
 else
   VENV=$ROOT/.venv-cuda
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"

@@ -3,7 +3,8 @@
 # package registry), in one call of well under 9 minutes on 16 cores:
 #   1. what the machine has (GPU, driver, torch and its CUDA, nvcc, CMake);
 #   2. the build dependencies the image lacks, from the Debian packages in .gpu-debs/ (made on a
-#      machine with a registry by scripts/gpu_deps.sh), unpacked into a private prefix;
+#      machine with a registry by scripts/gpu_deps.sh; git-ignored, so it must be copied or
+#      carried to the GPU machine with the tree), unpacked into a private prefix;
 #   3. the CUDA build (-DFSDP_WITH_CUDA=ON against the installed torch) into build-gpu/;
 #   4. the GPU tests (ctest label gpu: the NCCL backend's ops against closed forms, and a sharded
 #      model's steps on the GPU against the same steps on the CPU);
@@ -52,7 +53,8 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch
       "devices", torch.cuda.device_count())
 print("cmake_prefix_path", torch.utils.cmake_prefix_path)
 EOF
-  command -v nvcc >/dev/null && nvcc --version | tail -n 2
+  local nvcc; nvcc=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
+  if [ -x "$nvcc" ]; then echo "nvcc $nvcc: $("$nvcc" --version | tail -n 1)"; else echo "no nvcc"; fi
   cmake --version | head -n 1
   echo "cores $(nproc)"
 }
@@ -65,10 +67,9 @@ dependencies() {
     echo "no .gpu-debs/*.deb: run scripts/gpu_deps.sh on a machine with a package registry first" >&2
     return 3
   fi
-  rm -rf "$DEPS"
-  mkdir -p "$DEPS"
-  for f in "${debs[@]}"; do dpkg-deb -x "$f" "$DEPS"; done
-  sed -i 's#"/usr/lib/#"${_IMPORT_PREFIX}/lib/#g' "$DEPS"/usr/share/cmake/Gloo/GlooTargets-*.cmake
+  rm -rf "$DEPS" && mkdir -p "$DEPS" || return 3
+  for f in "${debs[@]}"; do dpkg-deb -x "$f" "$DEPS" || return 3; done
+  sed -i 's#"/usr/lib/#"${_IMPORT_PREFIX}/lib/#g' "$DEPS"/usr/share/cmake/Gloo/GlooTargets-*.cmake || return 3
   ls "$DEPS/usr/share/cmake" "$DEPS/usr/lib/x86_64-linux-gnu/cmake"
 }
 
@@ -80,13 +81,16 @@ build() {
 }
 
 gpu_tests() {
-  (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300 -V)
+  # A test that needs no more GPUs than nvidia-smi lists fails, not skips, when it cannot see them.
+  local gpus; gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  (cd "$BUILD" && FSDP_REQUIRE_GPUS=${gpus:-0} ctest -L gpu --output-on-failure --timeout 300 -V)
 }
 
-export PATH="$DEPS/usr/bin:$PATH"  # pkg-config, where the image has none
-export LD_LIBRARY_PATH="$DEPS/usr/lib:$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 phase "machine" machine.log machine
 cat "$REPORT_DIR/machine.log"
+# What the build and the tests load from the private prefix (libgloo needs hiredis and libibverbs).
+export PATH="$DEPS/usr/bin:$PATH"  # pkg-config, where the image has none
+export LD_LIBRARY_PATH="$DEPS/usr/lib:$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 phase "dependencies (.gpu-debs)" deps.log dependencies &&
   phase "CUDA build ($BUILD)" build.log build &&
   phase "GPU tests (ctest -L gpu)" gpu_tests.log gpu_tests

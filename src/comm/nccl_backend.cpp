@@ -50,6 +50,51 @@ void check_nccl(ncclResult_t code, ncclComm_t comm, int rank, const char* op, co
                                      static_cast<int>(code), ")", last && *last ? str_cat(": ", last) : ""));
 }
 
+// [Note: NCCL non-blocking] Communicators are made non-blocking (ncclConfig_t::blocking = 0): an
+// NCCL call returns at once, ncclSuccess or ncclInProgress, and the communicator's state
+// (ncclCommGetAsyncError) stays ncclInProgress until the call's work has been handed to the device
+// (for init and split: until the communicator is ready; since NCCL 2.22 a collective may first
+// connect to its peers, which waits for them on the host). Every such wait is polled against a
+// deadline, so no NCCL call can hold the communication thread past the collective timeout, and
+// the completion event of an op is recorded only once its kernels are on the stream.
+void check_started(ncclResult_t code, ncclComm_t comm, int rank, const char* op, const char* call) {
+  if (code != ncclInProgress) check_nccl(code, comm, rank, op, call);
+}
+
+ncclConfig_t non_blocking_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+// Sleeps between two polls of a wait that began at t0 ([Note: NCCL polling]).
+void poll_pause(int spins, double t0) {
+  if (spins < kPollSpins) return;
+  if (now_s() - t0 > kLongWait_s) {
+    std::this_thread::sleep_for(kIdleSleep);
+  } else {
+    std::this_thread::sleep_for(kPollSleep);
+  }
+}
+
+// Polls `comm`'s state until it leaves ncclInProgress; an error or the deadline throws (the caller
+// aborts the communicator).
+void wait_not_in_progress(ncclComm_t comm, int rank, const char* op, double deadline_s) {
+  const double t0 = now_s();
+  for (int spins = 0;; ++spins) {
+    ncclResult_t state = ncclInProgress;
+    check_nccl(ncclCommGetAsyncError(comm, &state), comm, rank, op, "ncclCommGetAsyncError");
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) check_nccl(state, comm, rank, op, "the communicator");
+    if (now_s() > deadline_s) {
+      throw Error(ErrorKind::kTimeout, ErrorContext{rank, "", op},
+                  str_cat("NCCL did not get ready after ", now_s() - t0,
+                          " s (deadline reached: a peer missing or late); the communicator was aborted"));
+    }
+    poll_pause(spins, t0);
+  }
+}
+
 ncclDataType_t nccl_type(const at::Tensor& t, int rank, const char* op) {
   switch (t.scalar_type()) {
     case at::kFloat: return ncclFloat32;
@@ -84,9 +129,17 @@ NcclBackend::NcclBackend(ProcessGroup& bootstrap, int device_index)
   const char* op = "nccl_init";
   int count = 0;
   check_cuda(cudaGetDeviceCount(&count), rank_, op, "cudaGetDeviceCount");
-  FSDP_CHECK(device_index >= 0 && device_index < count, ErrorKind::kInvalidArgument, (ErrorContext{rank_, "", op}),
-             "CUDA device ", device_index, " requested, but this process sees ", count,
-             " device(s) (CUDA_VISIBLE_DEVICES); give each rank a device in [0, ", count, ")");
+  // Every rank learns whether every rank can use its device before any of them waits for NCCL:
+  // one rank's refusal ends the construction on all of them at once, not at the timeout.
+  const bool usable = device_index >= 0 && device_index < count;
+  at::Tensor refused = at::full({1}, usable ? 0 : 1, at::kInt);
+  bootstrap.all_reduce(refused, ReduceOp::kMax, OpTag{"", "nccl_init"})->wait();
+  FSDP_CHECK(usable, ErrorKind::kInvalidArgument, (ErrorContext{rank_, "", op}), "CUDA device ", device_index,
+             " requested, but this process sees ", count, " device(s) (CUDA_VISIBLE_DEVICES); give each rank a "
+             "device in [0, ", count, ")");
+  FSDP_CHECK(refused.item<int>() == 0, ErrorKind::kInvalidArgument, (ErrorContext{rank_, "", op}),
+             "another rank could not use the CUDA device it asked for (its own error names it); no NCCL "
+             "communicator was made");
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
   if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), nullptr, rank_, op, "ncclGetUniqueId");
@@ -95,13 +148,37 @@ NcclBackend::NcclBackend(ProcessGroup& bootstrap, int device_index)
   bootstrap.broadcast(bytes, 0, OpTag{"", "nccl_init"})->wait();
   std::memcpy(&id, bytes.data_ptr(), sizeof(id));
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));  // the device NCCL binds to
-  check_nccl(ncclCommInitRank(&comm_, size_, id, rank_), nullptr, rank_, op, "ncclCommInitRank");
-  init_stream_and_events();
+  ncclConfig_t config = non_blocking_config();
+  check_started(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), nullptr, rank_, op,
+                "ncclCommInitRankConfig");
+  try {
+    wait_not_in_progress(comm_, rank_, op, now_s() + bootstrap.options().timeout_s);
+    init_stream_and_events();
+  } catch (...) {
+    release_after_failed_init();
+    throw;
+  }
 }
 
 NcclBackend::NcclBackend(ncclComm* comm, int device_index, std::vector<int> host_of_ranks)
     : comm_(comm), device_(device_index), host_of_ranks_(std::move(host_of_ranks)) {
-  init_stream_and_events();
+  try {
+    init_stream_and_events();
+  } catch (...) {
+    release_after_failed_init();
+    throw;
+  }
+}
+
+void NcclBackend::release_after_failed_init() {
+  // A constructor that throws runs no destructor: the communicator is aborted (it may be half
+  // made), the events and stream made so far destroyed.
+  if (comm_) abort_comm();
+  if (done_) cudaEventDestroy(done_);
+  if (ready_) cudaEventDestroy(ready_);
+  if (stream_) cudaStreamDestroy(stream_);
+  done_ = ready_ = nullptr;
+  stream_ = nullptr;
 }
 
 void NcclBackend::init_stream_and_events() {
@@ -153,12 +230,48 @@ template <typename Queue>
 void NcclBackend::run(const char* op, Queue&& queue) {
   check_usable(op);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-  cudaStream_t caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
-  check_cuda(cudaEventRecord(ready_, caller), rank_, op, "cudaEventRecord");
-  check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), rank_, op, "cudaStreamWaitEvent");
-  queue();
-  check_cuda(cudaEventRecord(done_, stream_), rank_, op, "cudaEventRecord");
-  wait_done(op);
+  try {
+    cudaStream_t caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
+    check_cuda(cudaEventRecord(ready_, caller), rank_, op, "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), rank_, op, "cudaStreamWaitEvent");
+    {
+      // Under the abort lock: abort_job (any thread) cannot free the communicator during a call,
+      // and the calls return at once ([Note: NCCL non-blocking]).
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      check_usable(op);
+      queue();
+    }
+    wait_enqueued(op);
+    check_cuda(cudaEventRecord(done_, stream_), rank_, op, "cudaEventRecord");
+    wait_done(op);
+  } catch (const Error& e) {
+    // A failed call or query leaves the peers halfway through the op: the communicator is given
+    // up (a timeout has aborted it already), so that no later op pairs with the wrong one.
+    if (e.kind() == ErrorKind::kCollective) abort_comm();
+    throw;
+  }
+}
+
+void NcclBackend::wait_enqueued(const char* op) {
+  const double t0 = now_s();
+  for (int spins = 0;; ++spins) {
+    ncclResult_t state = ncclInProgress;
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      check_usable(op);
+      check_nccl(ncclCommGetAsyncError(comm_, &state), comm_, rank_, op, "ncclCommGetAsyncError");
+    }
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) check_nccl(state, comm_, rank_, op, "the communicator");
+    if (now_s() > deadline_s()) {
+      abort_comm();
+      throw Error(ErrorKind::kTimeout, ErrorContext{rank_, "", op},
+                  str_cat("NCCL op on cuda:", device_, " not handed to the device after ", now_s() - t0,
+                          " s (deadline reached: a peer missing or late); the communicator was aborted "
+                          "(ncclCommAbort)"));
+    }
+    poll_pause(spins, t0);
+  }
 }
 
 void NcclBackend::wait_done(const char* op) {
@@ -168,7 +281,11 @@ void NcclBackend::wait_done(const char* op) {
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) check_cuda(q, rank_, op, "cudaEventQuery");
     ncclResult_t async = ncclSuccess;
-    check_nccl(ncclCommGetAsyncError(comm_, &async), comm_, rank_, op, "ncclCommGetAsyncError");
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      check_usable(op);
+      check_nccl(ncclCommGetAsyncError(comm_, &async), comm_, rank_, op, "ncclCommGetAsyncError");
+    }
     if (async != ncclSuccess && async != ncclInProgress) {
       const std::string last = ncclGetLastError(comm_);
       abort_comm();
@@ -194,7 +311,7 @@ void NcclBackend::all_gather(const at::Tensor& output, const at::Tensor& input) 
   check_on_device(op, input);
   check_on_device(op, output);
   run(op, [&] {
-    check_nccl(ncclAllGather(input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel()),
+    check_started(ncclAllGather(input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel()),
                              nccl_type(input, rank_, op), comm_, stream_),
                comm_, rank_, op, op);
   });
@@ -205,7 +322,7 @@ void NcclBackend::reduce_scatter(const at::Tensor& output, const at::Tensor& inp
   check_on_device(op, input);
   check_on_device(op, output);
   run(op, [&] {
-    check_nccl(ncclReduceScatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()),
+    check_started(ncclReduceScatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()),
                                  nccl_type(input, rank_, op), nccl_op(rop, rank_, op), comm_, stream_),
                comm_, rank_, op, op);
   });
@@ -215,7 +332,7 @@ void NcclBackend::all_reduce(const at::Tensor& tensor, ReduceOp rop) {
   const char* op = "ncclAllReduce";
   check_on_device(op, tensor);
   run(op, [&] {
-    check_nccl(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+    check_started(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
                              nccl_type(tensor, rank_, op), nccl_op(rop, rank_, op), comm_, stream_),
                comm_, rank_, op, op);
   });
@@ -233,13 +350,13 @@ void NcclBackend::all_to_all(const at::Tensor& output, const at::Tensor& input) 
   run(op, [&] {
     check_nccl(ncclGroupStart(), comm_, rank_, op, "ncclGroupStart");
     ncclResult_t rc = ncclSuccess;
-    for (int peer = 0; peer < size_ && rc == ncclSuccess; ++peer) {
+    for (int peer = 0; peer < size_ && (rc == ncclSuccess || rc == ncclInProgress); ++peer) {
       rc = ncclSend(in + peer * block_bytes, n, type, peer, comm_, stream_);
-      if (rc == ncclSuccess) rc = ncclRecv(out + peer * block_bytes, n, type, peer, comm_, stream_);
+      if (rc == ncclSuccess || rc == ncclInProgress) rc = ncclRecv(out + peer * block_bytes, n, type, peer, comm_, stream_);
     }
     const ncclResult_t end = ncclGroupEnd();  // closes the group even when a call inside failed
-    check_nccl(rc, comm_, rank_, op, "ncclSend/ncclRecv");
-    check_nccl(end, comm_, rank_, op, "ncclGroupEnd");
+    check_started(rc, comm_, rank_, op, "ncclSend/ncclRecv");
+    check_started(end, comm_, rank_, op, "ncclGroupEnd");
   });
 }
 
@@ -247,7 +364,7 @@ void NcclBackend::broadcast(const at::Tensor& tensor, int root) {
   const char* op = "ncclBroadcast";
   check_on_device(op, tensor);
   run(op, [&] {
-    check_nccl(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+    check_started(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
                              nccl_type(tensor, rank_, op), root, comm_, stream_),
                comm_, rank_, op, op);
   });
@@ -259,7 +376,7 @@ void NcclBackend::barrier() {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   const at::Tensor one = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device_));
   run(op, [&] {
-    check_nccl(ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum, comm_, stream_), comm_, rank_,
+    check_started(ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum, comm_, stream_), comm_, rank_,
                op, op);
   });
 }
@@ -292,7 +409,19 @@ std::unique_ptr<Backend> NcclBackend::split(int color, int key) {
     hosts.push_back(id);
   }
   ncclComm_t sub = nullptr;
-  check_nccl(ncclCommSplit(comm_, color, key, &sub, nullptr), comm_, rank_, op, op);
+  ncclConfig_t config = non_blocking_config();
+  try {
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      check_usable(op);
+      check_started(ncclCommSplit(comm_, color, key, &sub, &config), comm_, rank_, op, op);
+    }
+    wait_not_in_progress(sub, rank_, op, deadline_s());
+  } catch (const Error&) {
+    if (sub) ncclCommAbort(sub);
+    abort_comm();  // the peers may be halfway through the split
+    throw;
+  }
   return std::unique_ptr<Backend>(new NcclBackend(sub, device_, std::move(hosts)));
 }
 
@@ -313,6 +442,14 @@ ProcessGroupPtr nccl_world(const ProcessGroupPtr& bootstrap, int device_index, c
   std::unique_ptr<Backend> control = bootstrap->make_control_backend();
   auto data = std::make_unique<NcclBackend>(*bootstrap, device_index);
   return std::make_shared<ProcessGroup>(std::move(data), std::move(control), options, "world");
+}
+
+int device_for_rank(const ProcessGroup& group) {
+  int count = 0;
+  check_cuda(cudaGetDeviceCount(&count), group.rank(), "device_for_rank", "cudaGetDeviceCount");
+  FSDP_CHECK(count > 0, ErrorKind::kInvalidArgument, (ErrorContext{group.rank(), "", "device_for_rank"}),
+             "this process sees no CUDA device (CUDA_VISIBLE_DEVICES, the driver)");
+  return local_rank_on_host(group) % count;
 }
 
 int local_rank_on_host(const ProcessGroup& group) {

@@ -68,7 +68,7 @@ ProcessGroupPtr world_from_env(const std::string& backend, const ProcessGroupOpt
     };
     auto worlds = std::make_shared<Worlds>();
     worlds->bootstrap = world_from_env("auto", options);
-    worlds->nccl = nccl_world(worlds->bootstrap, local_rank_on_host(*worlds->bootstrap), options);
+    worlds->nccl = nccl_world(worlds->bootstrap, device_for_rank(*worlds->bootstrap), options);
     return ProcessGroupPtr(worlds, worlds->nccl.get());
   }
 #endif

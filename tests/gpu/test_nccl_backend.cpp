@@ -8,6 +8,7 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <thread>
@@ -30,10 +31,23 @@ using fsdp_test::error_of;
 
 int devices() { return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
 
+// FSDP_REQUIRE_GPUS=N (scripts/gpu_check.sh sets it to the GPUs nvidia-smi lists): a test that
+// needs at most N devices fails, instead of skipping, when this process sees fewer, so that a
+// machine whose GPUs the tests cannot use does not pass the check by skipping everything.
+int required_devices() {
+  const char* v = std::getenv("FSDP_REQUIRE_GPUS");
+  return v ? std::atoi(v) : 0;
+}
+
 #define FSDP_NEED_DEVICES(n)                                                                          \
-  if (devices() < (n))                                                                                \
-  GTEST_SKIP() << "needs " << (n) << " CUDA device(s), this process sees " << devices()               \
-               << (torch::cuda::is_available() ? "" : " (no CUDA driver or device)")
+  if (devices() < (n)) {                                                                              \
+    if ((n) <= required_devices()) {                                                                  \
+      FAIL() << "needs " << (n) << " CUDA device(s); FSDP_REQUIRE_GPUS=" << required_devices()         \
+             << " says this machine has them, but this process sees " << devices();                  \
+    }                                                                                                 \
+    GTEST_SKIP() << "needs " << (n) << " CUDA device(s), this process sees " << devices()             \
+                 << (torch::cuda::is_available() ? "" : " (no CUDA driver or device)");               \
+  }
 
 at::TensorOptions on_cuda(c10::ScalarType dtype, int device = 0) {
   return at::TensorOptions().dtype(dtype).device(at::kCUDA, static_cast<c10::DeviceIndex>(device));
@@ -172,8 +186,11 @@ TEST(NcclTimeout, AbortsAndNamesRankAndOp) {
   torch::cuda::synchronize();
 }
 
-// A ProcessGroup over NCCL (nccl_world) runs FSDP: a tiny MLP, FULL_SHARD over Linear units, two
-// SGD steps on CUDA tensors, against the same model on the CPU over a threaded group of one.
+// The engine on CUDA tensors over an NCCL world of one: a tiny MLP, FULL_SHARD over Linear units,
+// two SGD steps, against the same model on the CPU over a threaded group of one. A group of one
+// runs its collectives inline (no NCCL call), so this checks the engine's device path (shards,
+// buffers and flags on the group's device), not NCCL's transfers: those are the closed-form tests
+// above and the two-device tests below.
 TEST(NcclProcessGroup, FullyShardStepMatchesCpu) {
   FSDP_NEED_DEVICES(1);
   auto boot = fsdp::comm::threaded_world(1);

@@ -24,11 +24,15 @@ namespace fsdp::comm {
 /// the op is complete on the device: it records an event on the calling thread's current stream
 /// of the device (the default stream on the communication thread, where the runtime queued the
 /// op's input: the cast, the packed gradients), makes the backend's own NCCL stream wait for that
-/// event, queues the NCCL call(s) there, then polls the stream's completion event and
-/// ncclCommGetAsyncError with short sleeps until deadline_s() ([Note: NCCL polling] in
-/// nccl_backend.cpp). The output is written once the call returns; no stream of the caller needs
-/// to wait for it afterwards. Input queued on another stream than the default one is not
-/// covered by that event: the caller orders it first (the runtime queues on the default stream).
+/// event, queues the NCCL call(s) there on its non-blocking communicator, waits until NCCL has
+/// handed them to the device, then polls the stream's completion event and
+/// ncclCommGetAsyncError with short sleeps until deadline_s() ([Note: NCCL polling], [Note: NCCL
+/// non-blocking] in nccl_backend.cpp): no NCCL call holds the thread past the deadline. The
+/// backend's output is written once the call returns. What ProcessGroup queues after it on the
+/// communication thread (kAvg's division) goes to the device's legacy default stream, which the
+/// caller's default stream is: a caller that reads on another stream orders it after the default
+/// stream first. Input queued on another stream than the default one is not covered by the start
+/// event either: the caller orders it first (the runtime queues on the default stream).
 ///
 /// Collectives map to NCCL's: all_gather -> ncclAllGather, reduce_scatter -> ncclReduceScatter,
 /// all_reduce -> ncclAllReduce (in place), broadcast -> ncclBroadcast (in place), all_to_all ->
@@ -40,23 +44,26 @@ namespace fsdp::comm {
 /// backend with a CPU backend made by the bootstrap group).
 ///
 /// Errors: an NCCL or CUDA failure (a return code, or an asynchronous error of the communicator)
-/// throws fsdp::Error kCollective naming the rank, the op, the NCCL or CUDA call and its error
-/// string; an op not complete by deadline_s() aborts the communicator (ncclCommAbort) and throws
-/// fsdp::Error kTimeout naming the rank and the op. After either the communicator is gone and
-/// every later op throws kCollective ("communicator aborted"). split() blocks in
-/// ncclCommSplit without a deadline (NCCL's blocking mode). Not thread-safe (the group calls it
-/// from one thread), except abort_job.
+/// aborts the communicator (ncclCommAbort) and throws fsdp::Error kCollective naming the rank,
+/// the op, the NCCL or CUDA call and its error string; an op (split included) not complete by
+/// deadline_s() aborts it and throws fsdp::Error kTimeout naming the rank and the op. After
+/// either the communicator is gone and every later op throws kCollective ("communicator
+/// aborted"). Not thread-safe (the group calls it from one thread), except abort_job, which may
+/// run on any thread: every NCCL call and query of the communication thread holds the lock that
+/// abort takes.
 class NcclBackend final : public Backend {
  public:
   /// Collective over `bootstrap` (a CPU group: MPI or Gloo world, or a threaded group in tests):
-  /// rank 0 makes an ncclUniqueId, which is broadcast over `bootstrap` (a uint8 CPU tensor of
-  /// 128 bytes), then every rank joins the communicator on CUDA device `device_index` (made current for
-  /// ncclCommInitRank, then the caller's current device is restored; blocks until all ranks have
-  /// joined). Rank and size are
-  /// the bootstrap's; host_of_ranks() is the bootstrap's. Throws fsdp::Error kInvalidArgument
-  /// when device_index is not a device of this process, kCollective when CUDA or NCCL fails, and
-  /// what the bootstrap's broadcast throws. Every rank must call it in the same order relative
-  /// to its other collectives on `bootstrap`.
+  /// every rank says whether `device_index` is a device of its process (an all-reduce, so that
+  /// one rank's refusal ends it on all ranks at once), rank 0 makes an ncclUniqueId, which is
+  /// broadcast over `bootstrap` (a uint8 CPU tensor of 128 bytes), then every rank joins a
+  /// non-blocking communicator on CUDA device `device_index` (made current for it, then the
+  /// caller's current device is restored) and waits until it is ready, at most bootstrap's
+  /// timeout_s. Rank, size and host_of_ranks() are the bootstrap's. Throws fsdp::Error
+  /// kInvalidArgument when device_index is not a device of this process or of another rank's,
+  /// kCollective when CUDA or NCCL fails, kTimeout when the communicator is not ready in time,
+  /// and what the bootstrap's collectives throw. Every rank must call it in the same order
+  /// relative to its other collectives on `bootstrap`.
   NcclBackend(ProcessGroup& bootstrap, int device_index);
   ~NcclBackend() override;
   NcclBackend(const NcclBackend&) = delete;
@@ -82,7 +89,8 @@ class NcclBackend final : public Backend {
   void broadcast(const at::Tensor& tensor, int root) override;
   void barrier() override;
   /// Collective: exchanges every rank's (color, key) (an NCCL all-gather, to learn the new
-  /// group's hosts), then ncclCommSplit. The new backend runs on the same device.
+  /// group's hosts), then ncclCommSplit (non-blocking, waited for until deadline_s()). The new
+  /// backend runs on the same device. Throws kInvalidArgument for a negative color.
   std::unique_ptr<Backend> split(int color, int key) override;
   /// Aborts the communicator (ncclCommAbort, unless already gone), then ends every process of
   /// the job through this process's job channel (job_channel.h: MPI_Abort under MPI; under
@@ -97,8 +105,13 @@ class NcclBackend final : public Backend {
   // stream_), then waits for stream_ against the deadline. `op` names the op in errors.
   template <typename Queue>
   void run(const char* op, Queue&& queue);
+  // Polls the communicator's state until the queued calls are handed to the device, or
+  // deadline_s() ([Note: NCCL non-blocking]).
+  void wait_enqueued(const char* op);
   // Polls done_ and the communicator's async error until complete or deadline_s().
   void wait_done(const char* op);
+  // A constructor's clean-up when it throws: aborts the communicator, frees stream and events.
+  void release_after_failed_init();
   // Throws kCollective once the communicator is aborted.
   void check_usable(const char* op) const;
   // ncclCommAbort once (any thread); true if this call aborted it.
@@ -130,5 +143,11 @@ ProcessGroupPtr nccl_world(const ProcessGroupPtr& bootstrap, int device_index,
 /// This rank's index among the ranks of `group` on its host (0 for the host's lowest rank):
 /// the usual CUDA device of the rank when each host runs one rank per device. Not collective.
 int local_rank_on_host(const ProcessGroup& group);
+
+/// The CUDA device this rank of `group` uses: local_rank_on_host(group) modulo the devices this
+/// process sees (one device per rank on each host, whether every process sees all of the host's
+/// devices or, with CUDA_VISIBLE_DEVICES set per rank, only its own). Not collective. Throws
+/// fsdp::Error kInvalidArgument when the process sees no device, kCollective when CUDA fails.
+int device_for_rank(const ProcessGroup& group);
 
 }  // namespace fsdp::comm

@@ -30,7 +30,7 @@ bool mpi_available();
 
 /// The group of all processes over resolve_backend(backend): mpi_world(options),
 /// gloo_world(GlooRendezvous::from_env(), options), or (a CUDA build) nccl_world over the CPU
-/// world "auto" picks, on the CUDA device local_rank_on_host (one rank per GPU of each host); the
+/// world "auto" picks, on the CUDA device device_for_rank gives (one rank per GPU of each host); the
 /// returned pointer keeps that CPU world alive with the NCCL one. Collective: every process calls
 /// it once, first. Errors: those of resolve_backend and of the chosen world function.
 ProcessGroupPtr world_from_env(const std::string& backend = "auto",
