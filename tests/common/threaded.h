@@ -11,17 +11,15 @@
 
 namespace fsdp_test {
 
-/// Runs fn(rank, group) on world_size threads; rethrows the first exception after all joined.
-inline void run_threaded(int world_size,
-                         const std::function<void(int, fsdp::comm::ProcessGroupPtr)>& fn) {
-  auto groups = fsdp::comm::threaded_world(world_size);
+/// Runs fn(rank) on n threads, one per rank; rethrows the first exception after all joined.
+inline void on_threads(int n, const std::function<void(int)>& fn) {
   std::vector<std::thread> threads;
   std::exception_ptr first;
   std::mutex mu;
-  for (int r = 0; r < world_size; ++r) {
+  for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        fn(r, groups[r]);
+        fn(r);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);
         if (!first) first = std::current_exception();
@@ -30,6 +28,14 @@ inline void run_threaded(int world_size,
   }
   for (auto& t : threads) t.join();
   if (first) std::rethrow_exception(first);
+}
+
+/// Runs fn(rank, group) on world_size threads over a threaded world; rethrows the first
+/// exception after all joined.
+inline void run_threaded(int world_size,
+                         const std::function<void(int, fsdp::comm::ProcessGroupPtr)>& fn) {
+  auto groups = fsdp::comm::threaded_world(world_size);
+  on_threads(world_size, [&](int r) { fn(r, groups[r]); });
 }
 
 }  // namespace fsdp_test

@@ -175,29 +175,6 @@ TEST(ThreadedCollectives, BlockingWaitsAreCountedAsExposedInTheirPhase) {
   EXPECT_NEAR(optimizer_event_s, after[opt] - before[opt], 1e-9);
 }
 
-namespace {
-
-// Runs fn(rank) on `n` threads; rethrows the first exception after all joined.
-void on_threads(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  std::exception_ptr first;
-  std::mutex mu;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
-}
-
-}  // namespace
-
 // [Note: control channel] A group given a data backend and a control backend of its own (the
 // seam a device data backend uses): the data backend sees the user's ops only, the control
 // channel the signatures; a mismatch is still caught and named.
@@ -213,7 +190,7 @@ TEST(ControlChannel, GivenControlBackendCarriesTheCheckAndTheDataBackendTheOpsOn
         std::make_unique<fsdp_test::CountingBackend>(std::move(control[r]), control_counts[r]),
         fsdp::comm::threaded_defaults(), "world"));
   }
-  on_threads(kRanks, [&](int r) {
+  fsdp_test::on_threads(kRanks, [&](int r) {
     EXPECT_EQ(groups[r]->control_backend_name(), "threaded");
     fsdp_test::check_control_channel_carries_the_check(*groups[r], data_counts[r], control_counts[r]);
   });
@@ -226,7 +203,7 @@ TEST(ControlChannel, TheDataBackendsOwnControlChannelCarriesTheCheck) {
   constexpr int kRanks = 2;
   auto data = fsdp::comm::threaded_backends(kRanks, kRanks);
   std::vector<fsdp_test::BackendCounts> data_counts(kRanks), control_counts(kRanks);
-  on_threads(kRanks, [&](int r) {
+  fsdp_test::on_threads(kRanks, [&](int r) {
     fsdp::comm::ProcessGroup g(
         std::make_unique<fsdp_test::CountingBackend>(std::move(data[r]), data_counts[r], &control_counts[r]),
         fsdp::comm::threaded_defaults());

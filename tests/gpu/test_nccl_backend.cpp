@@ -16,6 +16,7 @@
 
 #include "../common/error_of.h"
 #include "../common/models.h"
+#include "../common/threaded.h"
 #include "comm/all_to_all_reductions.h"  // detail::reduce_with: what ProcessGroup does for kAvg
 #include "fsdp/comm/nccl_backend.h"
 #include "fsdp/comm/threaded_backend.h"
@@ -234,31 +235,11 @@ TEST(NcclProcessGroup, FullyShardStepMatchesCpu) {
   }
 }
 
-// Runs fn(rank, bootstrap) on one thread per rank of a threaded bootstrap world; rethrows the first
-// exception.
-void run_ranks(int n, const std::function<void(int, fsdp::comm::ProcessGroupPtr)>& fn) {
-  auto boot = fsdp::comm::threaded_world(n);
-  std::vector<std::thread> threads;
-  std::exception_ptr first;
-  std::mutex mu;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(r, boot[r]);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
-}
 
 // Two ranks, one device each: rank r contributes r + 1 (closed forms: sum 3, gather [1, 2]).
 TEST(NcclTwoRanks, CollectivesInClosedForm) {
   FSDP_NEED_DEVICES(2);
-  run_ranks(2, [](int r, fsdp::comm::ProcessGroupPtr boot) {
+  fsdp_test::run_threaded(2, [](int r, fsdp::comm::ProcessGroupPtr boot) {
     NcclBackend b(*boot, r);
     EXPECT_EQ(b.rank(), r);
     EXPECT_EQ(b.size(), 2);
@@ -291,7 +272,7 @@ TEST(NcclTwoRanks, CollectivesInClosedForm) {
 // the group's own kAvg division and the data over NCCL.
 TEST(NcclTwoRanks, ProcessGroupOverNccl) {
   FSDP_NEED_DEVICES(2);
-  run_ranks(2, [](int r, fsdp::comm::ProcessGroupPtr boot) {
+  fsdp_test::run_threaded(2, [](int r, fsdp::comm::ProcessGroupPtr boot) {
     auto g = fsdp::comm::nccl_world(boot, r, fsdp::comm::threaded_defaults());
     const auto f = on_cuda(at::kFloat, r);
     at::Tensor out = at::zeros({4}, f);

@@ -101,7 +101,7 @@ void expect_dicts_equal(const std::map<std::string, at::Tensor>& a,
   }
 }
 
-std::string error_of(const std::function<void()>& fn) {
+std::string error_text_of(const std::function<void()>& fn) {
   try {
     fn();
   } catch (const fsdp::Error& e) {
@@ -255,7 +255,7 @@ TEST(Checkpoint, CrashAtAnyPointKeepsPreviousCheckpoint) {
                  std::to_string(f.rank) + " after " + std::to_string(f.after_bytes) + " bytes");
     ckpt::SaveOptions bad = so;
     bad.fault = f;
-    std::string err = error_of([&] { ckpt::save_sharded(dir.path, m, opt.get(), st, g, bad); });
+    std::string err = error_text_of([&] { ckpt::save_sharded(dir.path, m, opt.get(), st, g, bad); });
     EXPECT_TRUE(contains(err, "injected fault")) << err;
     EXPECT_EQ(fs::path(ckpt::resolve_checkpoint(dir.path)).filename().string(), first);
     torch::manual_seed(99);
@@ -281,7 +281,7 @@ TEST(Checkpoint, CrashAtAnyPointKeepsPreviousCheckpoint) {
   bad.name = "torn";
   bad.fault.stage = Stage::kBeforeManifest;
   EXPECT_THROW(ckpt::save_sharded(dir.path, m, opt.get(), st, g, bad), fsdp::Error);
-  std::string err = error_of([&] { ckpt::load_sharded(dir.sub(".tmp-torn"), m, nullptr, nullptr, g); });
+  std::string err = error_text_of([&] { ckpt::load_sharded(dir.sub(".tmp-torn"), m, nullptr, nullptr, g); });
   EXPECT_TRUE(contains(err, "incomplete checkpoint")) << err;
 }
 
@@ -365,22 +365,22 @@ TEST(Checkpoint, CorruptionIsDetectedBeforeAnyWrite) {
       c.damage(copy);
     }
     g->barrier()->wait();
-    std::string err = error_of([&] { ckpt::load_sharded(copy, target, nullptr, nullptr, g); });
+    std::string err = error_text_of([&] { ckpt::load_sharded(copy, target, nullptr, nullptr, g); });
     for (const auto& s : c.expect) EXPECT_TRUE(contains(err, s)) << "want '" << s << "' in: " << err;
     expect_dicts_equal(full_dict(target), before, "model after a failed load");
     if (c.name == "flipped byte" && g->rank() == 0) {
-      std::string verr = error_of([&] { ckpt::verify_checkpoint(copy); });
+      std::string verr = error_text_of([&] { ckpt::verify_checkpoint(copy); });
       EXPECT_TRUE(contains(verr, "CRC-32 mismatch")) << verr;
     }
   }
   // another model: the fingerprint differs; the error names the parameter and both shapes
   auto other = build(3, 12);
-  std::string err = error_of([&] { ckpt::load_sharded(good, other, nullptr, nullptr, g); });
+  std::string err = error_text_of([&] { ckpt::load_sharded(good, other, nullptr, nullptr, g); });
   EXPECT_TRUE(contains(err, "another model")) << err;
   EXPECT_TRUE(contains(err, "fc1.weight") && contains(err, "[10, 6]") && contains(err, "[12, 6]")) << err;
   // wrong optimizer kind
   auto opt = adam(0.1)(fsdp::parameters(target));
-  err = error_of([&] { ckpt::load_sharded(good, target, opt.get(), nullptr, g); });
+  err = error_text_of([&] { ckpt::load_sharded(good, target, opt.get(), nullptr, g); });
   EXPECT_TRUE(contains(err, "optimizer")) << err;
   expect_dicts_equal(full_dict(target), before, "model after failed loads");
   // the intact copy still loads
@@ -448,7 +448,7 @@ TEST(Checkpoint, ImportEqualsSource) {
   torch::manual_seed(1);
   auto small = TinyTransformer(kVocab, kDim, kHeads, kLayers + 1, kCtx).ptr();
   fsdp::fully_shard_tree(small, g, fsdp::wrap_by_type<TinyBlockImpl>());
-  std::string err = error_of([&] { ckpt::import_full(path, small, g); });
+  std::string err = error_text_of([&] { ckpt::import_full(path, small, g); });
   EXPECT_TRUE(contains(err, "h2.") && contains(err, "missing")) << err;
 
   if (!python_torch_available()) GTEST_SKIP() << "python3 with torch is not available";

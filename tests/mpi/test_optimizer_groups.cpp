@@ -245,7 +245,7 @@ void train_in_lockstep(const std::shared_ptr<TinyTransformerImpl>& ref, torch::o
 }
 
 /// An fsdp::Error thrown by fn (kind and what()), or nullopt.
-std::optional<std::pair<ErrorKind, std::string>> error_of(const std::function<void()>& fn) {
+std::optional<std::pair<ErrorKind, std::string>> refusal_of(const std::function<void()>& fn) {
   try {
     fn();
   } catch (const fsdp::Error& e) {
@@ -259,7 +259,7 @@ bool contains(const std::string& s, const std::string& sub) { return s.find(sub)
 /// Expects fn to throw fsdp::Error of `kind` whose message holds every string of `want`.
 void expect_error(const std::function<void()>& fn, ErrorKind kind, const std::vector<std::string>& want,
                   const std::string& what) {
-  auto e = error_of(fn);
+  auto e = refusal_of(fn);
   ASSERT_TRUE(e.has_value()) << what << ": no error on rank " << world()->rank();
   EXPECT_EQ(static_cast<int>(e->first), static_cast<int>(kind)) << what << ": " << e->second;
   for (const auto& w : want) EXPECT_TRUE(contains(e->second, w)) << what << ": want '" << w << "' in: " << e->second;

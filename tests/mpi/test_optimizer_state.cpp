@@ -52,7 +52,7 @@ std::vector<std::pair<std::string, OptFactory>> optimizers() {
 }
 
 /// An fsdp::Error thrown by fn (kind and what()), or nullopt.
-std::optional<std::pair<ErrorKind, std::string>> error_of(const std::function<void()>& fn) {
+std::optional<std::pair<ErrorKind, std::string>> refusal_of(const std::function<void()>& fn) {
   try {
     fn();
   } catch (const fsdp::Error& e) {
@@ -178,12 +178,12 @@ TEST(OptimizerState, GroupOptionsByName) {
   EXPECT_EQ(optim::param_group_index(adamw, fsdp::parameters(m)[0]), std::optional<size_t>(0));
   EXPECT_FALSE(optim::param_group_index(adamw, at::zeros({2})).has_value());
 
-  auto bad = error_of([&] { optim::set_group_options(adamw, 0, {{"lr", 1.0}, {"momentum", 0.5}}); });
+  auto bad = refusal_of([&] { optim::set_group_options(adamw, 0, {{"lr", 1.0}, {"momentum", 0.5}}); });
   ASSERT_TRUE(bad.has_value());
   EXPECT_EQ(bad->first, ErrorKind::kInvalidArgument);
   EXPECT_TRUE(contains(bad->second, "'momentum'") && contains(bad->second, "beta1")) << bad->second;
   EXPECT_EQ(adamw.param_groups()[0].options().get_lr(), 0.125) << "a rejected call changes nothing";
-  bad = error_of([&] { optim::group_options(adamw, 3); });
+  bad = refusal_of([&] { optim::group_options(adamw, 3); });
   ASSERT_TRUE(bad.has_value());
   EXPECT_EQ(bad->first, ErrorKind::kInvalidArgument);
 
@@ -205,13 +205,13 @@ TEST(OptimizerState, SetStateRejectsWrongTensors) {
   ASSERT_TRUE(before.has_value());
 
   optim::ParamState missing{3, {{"exp_avg", at::zeros_like(p)}}};
-  auto e = error_of([&] { optim::set_param_state(opt, p, missing); });
+  auto e = refusal_of([&] { optim::set_param_state(opt, p, missing); });
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->first, ErrorKind::kInvalidArgument);
   EXPECT_TRUE(contains(e->second, "expected {exp_avg, exp_avg_sq}, got {exp_avg}")) << e->second;
 
   optim::ParamState wrong_shape{3, {{"exp_avg", at::zeros({p.size(0) + 1, 6})}, {"exp_avg_sq", at::zeros_like(p)}}};
-  e = error_of([&] { optim::set_param_state(opt, p, wrong_shape); });
+  e = refusal_of([&] { optim::set_param_state(opt, p, wrong_shape); });
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->first, ErrorKind::kInvalidArgument);
   EXPECT_TRUE(contains(e->second, "shape of state tensor 'exp_avg'")) << e->second;
@@ -239,7 +239,7 @@ TEST(OptimizerState, UnknownOptimizerIsRejected) {
   };
   for (const auto& [name, call] : calls) {
     SCOPED_TRACE(name);
-    auto e = error_of(call);
+    auto e = refusal_of(call);
     ASSERT_TRUE(e.has_value());
     EXPECT_EQ(e->first, ErrorKind::kUnsupported);
     for (const char* want : {"torch::optim::RMSprop", "supported: torch::optim::AdamW, "
@@ -248,7 +248,7 @@ TEST(OptimizerState, UnknownOptimizerIsRejected) {
     }
   }
   SharedDir dir;
-  auto e = error_of([&] { fsdp::checkpoint::save_sharded(dir.path, m, &opt, {}, world()); });
+  auto e = refusal_of([&] { fsdp::checkpoint::save_sharded(dir.path, m, &opt, {}, world()); });
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->first, ErrorKind::kUnsupported);
   EXPECT_TRUE(contains(e->second, "torch::optim::AdamW")) << e->second;
@@ -270,7 +270,7 @@ TEST(OptimizerState, CheckpointErrorsKeepKindAndOriginatingRank) {
   bad.fault.stage = fsdp::checkpoint::FaultInjection::Stage::kWrite;
   bad.fault.rank = last;
   bad.fault.after_bytes = 4;
-  auto e = error_of([&] { fsdp::checkpoint::save_sharded(dir.path, m, opt.get(), {}, g, bad); });
+  auto e = refusal_of([&] { fsdp::checkpoint::save_sharded(dir.path, m, opt.get(), {}, g, bad); });
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->first, ErrorKind::kIo);
   EXPECT_TRUE(contains(e->second, origin + " save_sharded") && contains(e->second, "injected fault"))
@@ -286,7 +286,7 @@ TEST(OptimizerState, CheckpointErrorsKeepKindAndOriginatingRank) {
   if (g->rank() == 0) fs::resize_file(victim, fs::file_size(victim) - 5);
   g->barrier()->wait();
   auto fresh = sharded_mlp(17);
-  e = error_of([&] { fsdp::checkpoint::load_sharded(dir.path, fresh, nullptr, nullptr, g); });
+  e = refusal_of([&] { fsdp::checkpoint::load_sharded(dir.path, fresh, nullptr, nullptr, g); });
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->first, ErrorKind::kCorruptData);
   EXPECT_TRUE(contains(e->second, origin + " load_sharded") && contains(e->second, "truncated") &&
