@@ -272,8 +272,10 @@ TEST(FlightRecorder, ATimeoutIsDumpedOnceAndTheDumpSaysItTimedOutAndWhy) {
   options.flight_recorder_dir = dir.string();
   auto backend = std::make_unique<FakeBackend>(probe, std::chrono::milliseconds(1));
   FakeBackend* left_behind = backend.get();
+  auto control = backend->make_control_channel();
+  fsdp::comm::Backend* control_left_behind = control.get();
   {
-    ProcessGroup g(std::move(backend), options);
+    ProcessGroup g(std::move(backend), std::move(control), options);
     auto w = g.all_reduce(at::full({4}, kTimeoutMarker));
     try {
       w->wait();
@@ -283,9 +285,13 @@ TEST(FlightRecorder, ATimeoutIsDumpedOnceAndTheDumpSaysItTimedOutAndWhy) {
     }
   }
   // A group broken by a timeout never frees its backend (a job's abort may still use it); with
-  // abort_after_timeout off nothing does here, and the group's thread has ended.
+  // abort_after_timeout off nothing does here, and the group's thread has ended. Nor its control
+  // channel (the op that timed out may be the collective check on it).
   EXPECT_FALSE(probe.destroyed.load());
-  if (!probe.destroyed.load()) delete left_behind;
+  if (!probe.destroyed.load()) {
+    delete left_behind;
+    delete control_left_behind;
+  }
   std::ifstream in(dir / "rank-00000.json");
   ASSERT_TRUE(in) << "no dump in " << dir;
   const std::string dump((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
