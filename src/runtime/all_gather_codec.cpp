@@ -1,5 +1,10 @@
 #include "all_gather_codec.h"
 
+#include <ATen/ATen.h>
+
+#include "fsdp/comm/block_quant.h"
+#include "fsdp/common/check.h"
+
 namespace fsdp::detail {
 namespace {
 
@@ -21,7 +26,50 @@ class CastAllGatherCodec final : public AllGatherCodec {
   bool gathers_;
 };
 
+class Int8AllGatherCodec final : public AllGatherCodec {
+ public:
+  explicit Int8AllGatherCodec(c10::ScalarType param_dtype) : param_dtype_(param_dtype) {}
+
+  AllGatherResult encode(const at::Tensor& master_flat, comm::ProcessGroup& group, const comm::OpTag& tag) override {
+    at::NoGradGuard no_grad;
+    AllGatherResult r;
+    r.input = comm::int8_block_quantize(master_flat);
+    const auto ctx = comm::CommContext::for_group(group);
+    r.output = group.size() == 1 ? r.input : at::empty({group.size() * r.input.numel()}, ctx.buffer_options(at::kByte));
+    r.work = group.all_gather_into_tensor(r.output, r.input, tag);
+    return r;
+  }
+
+  void decode(AllGatherResult& gather, std::vector<FSDPParam>& params, const shard::FlatLayout& layout) override {
+    if (gather.work) {
+      gather.work->wait();
+      gather.work->block_current_stream();
+    }
+    const int64_t S = layout.shard_numel(), world = layout.world_size;
+    AllGatherResult decoded;
+    decoded.output = at::empty({world, S}, gather.output.options().dtype(param_dtype_));
+    comm::int8_block_dequantize(gather.output.view({world, comm::int8_payload_bytes(S)}), S, decoded.output);
+    gather = AllGatherResult{};  // the payloads go before the params are allocated
+    decoded.output = decoded.output.view({world * S});
+    copy_out(decoded, params, layout);
+  }
+
+ private:
+  c10::ScalarType param_dtype_;
+};
+
 }  // namespace
+
+std::unique_ptr<AllGatherCodec> int8_all_gather_codec(c10::ScalarType param_dtype) {
+  return std::make_unique<Int8AllGatherCodec>(param_dtype);
+}
+
+std::unique_ptr<AllGatherCodec> make_all_gather_codec(WireCodec codec, c10::ScalarType param_dtype, bool gathers) {
+  if (codec == WireCodec::kNone) return cast_all_gather_codec(param_dtype, gathers);
+  FSDP_CHECK(gathers, ErrorKind::kInvalidArgument, (ErrorContext{-1, "", "make_all_gather_codec"}),
+             "all_gather_codec ", to_string(codec), " needs a strategy that all-gathers params");
+  return int8_all_gather_codec(param_dtype);
+}
 
 std::unique_ptr<AllGatherCodec> cast_all_gather_codec(c10::ScalarType param_dtype, bool gathers) {
   return std::make_unique<CastAllGatherCodec>(param_dtype, gathers);

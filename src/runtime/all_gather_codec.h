@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fsdp/comm/process_group.h"
+#include "fsdp/runtime/options.h"
 #include "fsdp/runtime/fsdp_param.h"
 #include "fsdp/shard/layout.h"
 #include "unit_collectives.h"
@@ -35,9 +36,21 @@ class AllGatherCodec {
   virtual void decode(AllGatherResult& gather, std::vector<FSDPParam>& params, const shard::FlatLayout& layout) = 0;
 };
 
-/// Today's codec: cast to `param_dtype` (no copy when it is the master's dtype), then an
+/// The cast codec: cast to `param_dtype` (no copy when it is the master's dtype), then an
 /// all-gather over the shard group when `gathers` (foreach_all_gather), a local cast copy
 /// otherwise (local_cast: no_shard with a param_dtype); decode is copy_out.
 std::unique_ptr<AllGatherCodec> cast_all_gather_codec(c10::ScalarType param_dtype, bool gathers);
+
+/// The int8 codec (WireCodec::kInt8): encode quantises this rank's master shard
+/// (comm::int8_block_quantize over the S elements, padding rows included) and all-gathers the
+/// payloads (uint8, world x comm::int8_payload_bytes(S)); decode dequantises every rank's block
+/// into a (world, S) param_dtype buffer, one block at a time, then copies the params out of it as
+/// copy_out does. At world 1 the payload is decoded locally (the same values as at any world size).
+std::unique_ptr<AllGatherCodec> int8_all_gather_codec(c10::ScalarType param_dtype);
+
+/// The codec of FullyShardOptions::all_gather_codec: cast_all_gather_codec for kNone,
+/// int8_all_gather_codec for kInt8 (which needs `gathers`: fsdp::Error otherwise, already refused
+/// by validated_shard_size).
+std::unique_ptr<AllGatherCodec> make_all_gather_codec(WireCodec codec, c10::ScalarType param_dtype, bool gathers);
 
 }  // namespace fsdp::detail

@@ -86,7 +86,7 @@ FSDPUnit::FSDPUnit(std::shared_ptr<torch::nn::Module> module, std::string name,
   replicate_group_ = traits_->replicates_over_group ? group_ : groups.replicate;
   init_shards();
   // The unit's two seams, chosen once from its traits row ([Note: master and gather shards]).
-  gather_codec_ = detail::cast_all_gather_codec(param_dtype_, traits_->gathers_params);
+  gather_codec_ = detail::make_all_gather_codec(options_.all_gather_codec, param_dtype_, traits_->gathers_params);
   detail::GradientSyncArgs sync;
   sync.params = &params_;
   sync.shard_group = shard_group_;
@@ -167,7 +167,8 @@ void FSDPUnit::init_shards() {
                ErrorKind::kUnsupported, where("fully_shard"), "mixed precision dtype ", t,
                " is not supported (float32, float64, bfloat16, float16)");
   }
-  params_alias_ = traits_->params_alias_shards && param_dtype_ == orig_dtype_;
+  params_alias_ = traits_->params_alias_shards && param_dtype_ == orig_dtype_ &&
+                  options_.all_gather_codec == WireCodec::kNone;
 
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& p : params_) shapes.push_back(p.shape);

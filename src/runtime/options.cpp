@@ -27,4 +27,20 @@ ShardingStrategy parse_sharding_strategy(const std::string& name) {
                               "'" + name + "'"));
 }
 
+std::string to_string(WireCodec c) {
+  switch (c) {
+    case WireCodec::kNone: return "none";
+    case WireCodec::kInt8: return "int8";
+  }
+  return "?";
+}
+
+WireCodec parse_wire_codec(const std::string& name) {
+  for (auto c : {WireCodec::kNone, WireCodec::kInt8}) {
+    if (to_string(c) == name) return c;
+  }
+  throw Error(ErrorKind::kInvalidArgument, ErrorContext{-1, "", "parse_wire_codec"},
+              expected_actual("wire codec", "one of none, int8", "'" + name + "'"));
+}
+
 }  // namespace fsdp

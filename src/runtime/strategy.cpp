@@ -68,6 +68,9 @@ int validated_shard_size(const FullyShardOptions& o, int group_size, const Error
              " reduces each unit's gradients in one collective (leave it unset)");
   FSDP_CHECK(!o.bucket_cap_bytes || *o.bucket_cap_bytes > 0, ErrorKind::kInvalidArgument, where,
              "bucket_cap_bytes must be > 0, got ", o.bucket_cap_bytes.value_or(0));
+  FSDP_CHECK(t.gathers_params || o.all_gather_codec == WireCodec::kNone, ErrorKind::kInvalidArgument, where,
+             "all_gather_codec ", to_string(o.all_gather_codec), " applies to strategies that all-gather params; ",
+             name, " keeps every param on every rank (leave it none)");
   return static_cast<int>(shard_group_size_of(o.strategy, o.hybrid_shard_group_size, group_size, where));
 }
 

@@ -29,6 +29,22 @@ std::string to_string(ShardingStrategy s);
 /// Inverse of to_string; throws fsdp::Error naming the accepted values.
 ShardingStrategy parse_sharding_strategy(const std::string& name);
 
+/// What a unit's params become on the wire of its all-gathers.
+///  kNone: param_dtype's bytes (exact).
+///  kInt8: block-wise int8 (ZeRO++'s qwZ, Wang et al. 2023, section 3.1): each rank quantises its
+///         shard of the master params in blocks of 256 elements with one fp32 scale per block
+///         (include/fsdp/comm/block_quant.h), all-gathers the int8 payload (1 + 4/256 bytes per
+///         element) and decodes it into param_dtype. The master params, the gradients and the
+///         optimizer state stay exact; forward and backward compute with the decoded values
+///         (|error| <= max|x| / 254 per block). State dicts and checkpoints read the master shards,
+///         never the decoded params.
+enum class WireCodec { kNone, kInt8 };
+
+/// "none", "int8".
+std::string to_string(WireCodec c);
+/// Inverse of to_string; throws fsdp::Error (kInvalidArgument) naming the accepted values.
+WireCodec parse_wire_codec(const std::string& name);
+
 /// Mixed precision policy of a unit (PyTorch FSDP2's MixedPrecisionPolicy). Unset fields mean "the
 /// sharded parameter's dtype" (no cast). The sharded parameter, the sharded gradient and the
 /// optimizer state always keep the dtype the module was built with (fp32 master weights).
@@ -85,6 +101,9 @@ struct FullyShardOptions {
   /// single parameter larger than this gets a bucket of its own). > 0. Unset: 25 MiB, like DDP.
   /// Setting it with another strategy is an fsdp::Error (it would be ignored).
   std::optional<int64_t> bucket_cap_bytes;
+  /// How the params travel in the unit's all-gathers (forward, backward and zero1's lazy gather).
+  /// kInt8 needs a strategy that all-gathers params (not no_shard: fsdp::Error otherwise).
+  WireCodec all_gather_codec = WireCodec::kNone;
 };
 
 }  // namespace fsdp
