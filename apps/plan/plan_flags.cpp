@@ -121,6 +121,10 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
       ->check(positive)->group("Parallelism");
   app.add_option("--bucket-cap-mb", f.bucket_cap_mb, "no_shard: gradient all-reduce bucket size in MiB (default 25)")
       ->check(real_in(1e-6, 1e6))->group("Parallelism");
+  app.add_option("--all-gather-codec", f.all_gather_codec,
+                 "What the all-gathers carry: none (param dtype) or int8 (blocks of 256 with an fp32 scale, "
+                 "as fsdp-train's --all-gather-codec). An error with --strategy no_shard")
+      ->check(CLI::IsMember({"none", "int8"}))->group("Parallelism");
 
   app.add_option("--global-batch-size", f.global_batch_size,
                  "Sequences per optimizer step, all ranks together (0: micro-batch x world size)")
@@ -297,6 +301,11 @@ fp::PlanInputs resolve_inputs(const PlanFlags& f) {
       throw UsageError("--bucket-cap-mb applies to --strategy no_shard only, not " + f.strategy);
     }
     st.bucket_cap_bytes = static_cast<int64_t>(*f.bucket_cap_mb * 1024 * 1024);
+  }
+  st.all_gather_codec = fsdp::parse_wire_codec(f.all_gather_codec);
+  if (st.all_gather_codec != fsdp::WireCodec::kNone && f.strategy == "no_shard") {
+    throw UsageError("--all-gather-codec " + f.all_gather_codec +
+                     " applies to strategies that all-gather params, not no_shard (every rank keeps every param)");
   }
   st.activation_checkpointing = f.activation_checkpointing;
   if (f.checkpoint_every != 1 && !f.activation_checkpointing) {

@@ -205,7 +205,8 @@ std::string format_plan(const fp::Plan& p, const GivenInputs& given) {
      << st.accumulation_steps << " (global batch " << N * st.accumulation_steps * st.micro_batch_size
      << " sequences, " << count(N * st.accumulation_steps * st.micro_batch_size * st.seq_len) << " tokens/step)"
      << (st.activation_checkpointing ? ", activation checkpointing" : "")
-     << (st.checkpoint_every > 1 ? " of every " + ordinal(st.checkpoint_every) + " block" : "") << "\n";
+     << (st.checkpoint_every > 1 ? " of every " + ordinal(st.checkpoint_every) + " block" : "")
+     << (st.all_gather_codec == fsdp::WireCodec::kInt8 ? ", int8 all-gathers" : "") << "\n";
   os << "  profile " << in.profile.name << (in.profile.description.empty() ? "" : ": " + in.profile.description) << "\n";
   if (!given.profile) {
     os << "  note: no --profile given, so this plans GPUs of the built-in " << in.profile.name

@@ -203,6 +203,25 @@ def usage_errors(bin_path):
         check(says in p.stderr and len(p.stderr) < 300, f"{args}: {says!r} in {p.stderr!r}")
 
 
+def wire_codecs(bin_path):
+    """--all-gather-codec int8: each all-gather carries one byte per element and a 4-byte scale per
+    256 (1.0156 of 1 B against fp32's 4 B), nothing else changes; refused with no_shard."""
+    base = ["--model", "gpt2", "--world-size", "4", "--ranks-per-node", "2", "--json"]
+    exact = by_strategy(json.loads(plan(bin_path, *base).stdout))
+    int8 = by_strategy(json.loads(plan(bin_path, *base, "--all-gather-codec", "int8").stdout))
+    for label in ("full_shard", "shard_grad_op", "zero1", "hybrid_shard(G=2)"):
+        a, b = exact[label]["traffic"], int8[label]["traffic"]
+        ratio = b["all_gather"]["logical_bytes"] / a["all_gather"]["logical_bytes"]
+        check(abs(ratio - 1.015625 / 4) < 1e-3 and b["all_gather"]["calls"] == a["all_gather"]["calls"],
+              f"{label}: int8 all-gathers carry 1.0156/4 of fp32's bytes, got {ratio}")
+        check(b["reduce_scatter"] == a["reduce_scatter"] and exact[label]["model_state"] == int8[label]["model_state"],
+              f"{label}: gradients and model state unchanged by the all-gather codec")
+    check(exact["no_shard"]["traffic"] == int8["no_shard"]["traffic"], "no_shard gathers nothing to encode")
+    p = plan(bin_path, "--strategy", "no_shard", "--all-gather-codec", "int8", expect_rc=2)
+    check("--all-gather-codec int8 applies to strategies that all-gather params, not no_shard" in p.stderr,
+          f"int8 with no_shard refused in one line: {p.stderr!r}")
+
+
 def two_ranks(mpirun_flags=()):
     """The command that starts 2 ranks of the program that follows it: mpirun, or torchrun over Gloo
     when FSDP_E2E_LAUNCHER=torchrun (a build without MPI); None when mpirun is wanted and missing."""
@@ -397,6 +416,7 @@ def main():
     llama3_8b_on_h100s(a.bin)
     first_hour(a.bin)
     usage_errors(a.bin)
+    wire_codecs(a.bin)
     under_mpirun(a.bin)
     dry_run_vocab(a.bin, a.train_bin)
     with tempfile.TemporaryDirectory() as tmp:

@@ -171,6 +171,9 @@ def test_flags(opts, tmp):
             f.write(text)
         expect_error(run(["--config", toml, "--metrics", m], 1, opts), 2, needle)
     expect_error(run(["--forward-prefetch", "maybe"], 1, opts), 2, "--forward-prefetch", "'maybe' is not true or false")
+    expect_error(run(["--steps", "2", "--metrics", m, "--strategy", "no_shard", "--all-gather-codec", "int8"], 1, opts),
+                 2, "--all-gather-codec int8 applies to strategies that all-gather params, not no_shard")
+    check(not events(m, "step"), "--all-gather-codec int8 with no_shard: refused before step 1")
     missing = os.path.join(tmp, "missing")
     for flag in ("--export", "--metrics", "--trace"):
         extra = ["--metrics", m] if flag != "--metrics" else []

@@ -18,6 +18,7 @@
 
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "fsdp/runtime/strategy_traits.h"
 #include "fsdp/optim/fused_adamw.h"
 #include "fsdp/planner/model_spec.h"
 #include "train/errors.h"
@@ -146,6 +147,12 @@ fsdp::FullyShardOptions resolve_fsdp_options(const TrainConfig& c, const fsdp::c
     } else {
       o.hybrid_shard_group_size = std::stoi(*c.hybrid_shard_group_size);
     }
+  }
+  o.all_gather_codec = fsdp::parse_wire_codec(c.all_gather_codec);
+  if (o.all_gather_codec != fsdp::WireCodec::kNone && !fsdp::traits_of(o.strategy).gathers_params) {
+    throw UsageError("--all-gather-codec " + c.all_gather_codec +
+                     " applies to strategies that all-gather params, not " + c.strategy +
+                     " (every rank keeps every param)");
   }
   if (c.bucket_cap_mb) {
     if (o.strategy != fsdp::ShardingStrategy::kNoShard) {

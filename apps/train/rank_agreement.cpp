@@ -91,6 +91,7 @@ std::vector<Setting> shared_settings(const TrainConfig& c) {
       {"--forward-prefetch", c.forward_prefetch ? "true" : "false"},
       {"--hybrid-shard-group-size", text(c.hybrid_shard_group_size)},
       {"--bucket-cap-mb", text(c.bucket_cap_mb)},
+      {"--all-gather-codec", c.all_gather_codec},
       {"--activation-checkpointing", c.activation_checkpointing ? "true" : "false"},
       {"--global-batch-size", std::to_string(c.global_batch_size)},
       {"--micro-batch-size", std::to_string(c.micro_batch_size)},

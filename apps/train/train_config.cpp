@@ -133,6 +133,12 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
           },
           "INT|host"))
       ->envname("FSDP_HYBRID_SHARD_GROUP_SIZE")->group("Parallelism");
+  app.add_option("--all-gather-codec", c.all_gather_codec,
+                 "What the params are on the wire of the all-gathers: none (param dtype, exact) or "
+                 "int8 (blocks of 256 elements with one fp32 scale each, ZeRO++'s qwZ: about 1/4 of "
+                 "fp32's bytes, 1/2 of bf16's; master weights, gradients and optimizer state stay "
+                 "exact). Default none, or FSDP_ALL_GATHER_CODEC; int8 is an error with no_shard")
+      ->check(CLI::IsMember({"none", "int8"}))->envname("FSDP_ALL_GATHER_CODEC")->group("Parallelism");
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb,
                  "no_shard: gradient all-reduce bucket size in MiB (issued during backward). "
                  "Default 25; an error with another strategy")

@@ -51,6 +51,9 @@ struct TrainConfig {
   /// no_shard only: all-reduce bucket size in MiB (unset: 25). Set with another strategy: a usage
   /// error.
   std::optional<double> bucket_cap_mb;
+  /// FullyShardOptions::all_gather_codec of every unit: none | int8 (int8 with no_shard: a usage
+  /// error).
+  std::string all_gather_codec = "none";
   /// Recompute each block's activations in backward instead of keeping them
   /// (fsdp::call_checkpointed per block).
   bool activation_checkpointing = false;

@@ -1,5 +1,6 @@
 #include "fsdp/planner/setup.h"
 
+#include "fsdp/comm/block_quant.h"
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/strategy_traits.h"
 
@@ -80,6 +81,11 @@ void Parallelism::validate() const {
 std::string Parallelism::label() const {
   if (!fsdp::traits_of(strategy).uses_hybrid_shard_group_size) return fsdp::to_string(strategy);
   return str_cat("hybrid_shard(G=", shard_group_size(), ")");
+}
+
+int64_t all_gather_bytes(const StepSetup& setup, int64_t shard_numel, int64_t shard_group_size) {
+  if (setup.all_gather_codec == fsdp::WireCodec::kInt8) return shard_group_size * comm::int8_payload_bytes(shard_numel);
+  return shard_group_size * shard_numel * param_bytes_per_elem(setup.precision);
 }
 
 void StepSetup::validate() const {

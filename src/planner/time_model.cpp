@@ -121,6 +121,12 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   // (when it differs) and copies the gathered buffer into the params; a reduction packs the
   // gradients into one reduce_dtype buffer (no_shard: into its buckets) and adds the reduced rows
   // into the fp32 sharded gradient.
+  // With the int8 codec the unshard quantises instead of casting: the master read into a float32
+  // copy (4 + 4), |x| and the block maxima (4 + 4), the division, rounding and clamp in place
+  // (3 x (4 + 4)), the int8 payload written (4 + 1): 45 bytes per shard element; decoding reads
+  // each int8 value into a float32 row (1 + 4), scales it in place (4 + 4) and rounds it into the
+  // param_dtype buffer (4 + pb): 17 + pb per gathered element, before the usual copy into the params.
+  constexpr int64_t kInt8EncodeBytesPerElem = 45, kInt8DecodeBytesPerElem = 17;
   constexpr int64_t kMasterBytes = 4;  // fp32 master rows and sharded gradients
   const double copy_rate = profile.memory_copy_bytes_per_s;
   FSDP_CHECK(copy_rate > 0, ErrorKind::kInvalidArgument, kTimeModelWhere, "profile '", profile.name,
@@ -147,12 +153,15 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     }
     // no_shard: a cast copy only when param_dtype differs (else the params are the shards).
     const bool cast = pb != kMasterBytes;
-    if (!ddp || cast) {
+    if (setup.all_gather_codec == fsdp::WireCodec::kInt8 && st.gathers_params) {
+      unshard_copy[u] = copy_s(kInt8EncodeBytesPerElem * n.shard_numel +
+                               (kInt8DecodeBytesPerElem + pb) * n.gathered_numel + 2 * pb * n.gathered_numel);
+    } else if (!ddp || cast) {
       unshard_copy[u] = copy_s((cast ? (kMasterBytes + pb) * n.shard_numel : 0) + 2 * pb * n.gathered_numel);
     }
     pack_copy[u] = copy_s((pb + rb) * (ddp ? n.trainable_numel : n.reduce_numel));
     add_copy[u] = copy_s((rb + kMasterBytes) * (ddp ? n.trainable_numel : n.real_trainable_numel));
-    ag[u] = op(K::kAllGather, pb * n.gathered_numel, shard_x);
+    ag[u] = op(K::kAllGather, all_gather_bytes(setup, n.shard_numel, G), shard_x);
     rs[u] = op(K::kReduceScatter, rb * n.reduce_numel, shard_x);
     if (st.shard_over == ShardOver::kHybridGroup && G < N) rep[u] = op(K::kAllReduce, rb * n.reduce_shard_numel, rep_x);
     if (ddp) {

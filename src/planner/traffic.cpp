@@ -87,7 +87,7 @@ StepTraffic step_traffic(const ModelSpec& model, const Parallelism& par, const S
   };
   const int64_t U = static_cast<int64_t>(model.units.size());
   auto gather = [&](int64_t u) {
-    if (un[u].numel > 0) add(K::kAllGather, GroupKind::kShard, u, pb * un[u].gathered_numel);
+    if (un[u].numel > 0) add(K::kAllGather, GroupKind::kShard, u, all_gather_bytes(setup, un[u].shard_numel, G));
   };
   const StrategyTraits& st = traits_of(s);
   const bool per_phase = st.gathers_params && st.reshard_after_forward;

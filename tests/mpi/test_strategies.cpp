@@ -18,6 +18,8 @@
 #include "../common/parity.h"
 #include "../common/scenario_util.h"
 #include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/comm/block_quant.h"
+#include "fsdp/runtime/strategy_traits.h"
 #include "fsdp/planner/memory.h"
 #include "fsdp/planner/traffic.h"
 #include "mpi_world.h"
@@ -77,10 +79,12 @@ int64_t padded_full_numel(const fp::ModelSpec& m, int64_t G) {
 }
 
 std::shared_ptr<ChainImpl> sharded_chain(ShardingStrategy s, const fsdp::comm::ProcessGroupPtr& g,
-                                         int64_t bucket_cap = 0) {
+                                         int64_t bucket_cap = 0,
+                                         fsdp::WireCodec codec = fsdp::WireCodec::kNone) {
   torch::manual_seed(1);
   auto model = Chain(kWidths).ptr();
   auto o = options_for(s, g->size());
+  o.all_gather_codec = codec;
   if (bucket_cap > 0 && s == ShardingStrategy::kNoShard) o.bucket_cap_bytes = bucket_cap;  // no_shard's only
   fsdp::fully_shard_tree(model, g, fsdp::wrap_by_type<torch::nn::LinearImpl>(), o);
   return model;
@@ -169,20 +173,36 @@ TEST(Strategies, ModelStateBytesFollowTheFormula) {
 //   zero1          same as shard_grad_op (AG lazily at the next forward)       = 2P
 //   no_shard       AR one per bucket, 4P bytes in all                          = P (all-reduce)
 //   hybrid_shard   AG 2U x 4Ppad(G), RS U x 4Ppad(G), AR U x 4Ppad(G)/G (none when G = N)
-// (the root, Chain itself, has no parameters: no collective of its own).
+// (the root, Chain itself, has no parameters: no collective of its own). With the int8
+// all-gather codec every all-gather carries G x int8_payload_bytes(S) instead of G x 4S.
 TEST(Strategies, CollectiveCountsAndBytesPerStep) {
   auto g = world();
   const int N = g->size();
   const int64_t cap = (96 * 96 + 96) * 4;  // one Linear(96,96) per bucket, no more
   const fp::ModelSpec spec = chain_spec();
+  for (auto codec : {fsdp::WireCodec::kNone, fsdp::WireCodec::kInt8})
   for (auto s : implemented_strategies()) {
-    SCOPED_TRACE(fsdp::to_string(s));
+    if (codec != fsdp::WireCodec::kNone && !fsdp::traits_of(s).gathers_params) continue;
+    SCOPED_TRACE(fsdp::to_string(s) + " all_gather_codec " + fsdp::to_string(codec));
     const int G = shard_size_of(s, N);
-    const fp::StepTraffic plan = fp::step_traffic(spec, parallelism_of(s, N), chain_step(cap));
+    fp::StepSetup setup = chain_step(cap);
+    setup.all_gather_codec = codec;
+    const fp::StepTraffic plan = fp::step_traffic(spec, parallelism_of(s, N), setup);
     const StepComm want{plan.all_gather.calls,     plan.all_gather.logical_bytes,
                         plan.reduce_scatter.calls, plan.reduce_scatter.logical_bytes,
                         plan.all_reduce.calls,     plan.all_reduce.logical_bytes};
-    auto model = sharded_chain(s, g, cap);
+    if (codec == fsdp::WireCodec::kInt8) {
+      // The planner's bytes by hand: per gather G payloads of each unit's shard (96 x 96 + 96 rows
+      // and 40 x 96 + 40, padded to G rows).
+      int64_t per_pass = 0;
+      for (const auto& u : spec.units) {
+        const int64_t S = fp::unit_numbers(u, G, 0).shard_numel;
+        if (S > 0) per_pass += G * fsdp::comm::int8_payload_bytes(S);
+      }
+      const int64_t passes = fsdp::traits_of(s).reshard_after_forward ? 2 : 1;
+      EXPECT_EQ(want.ag_bytes, passes * per_pass);
+    }
+    auto model = sharded_chain(s, g, cap, codec);
     torch::optim::AdamW opt(fsdp::parameters(model), torch::optim::AdamWOptions(1e-3));
     for (int step = 0; step < 3; ++step) {
       auto before = g->stats().snapshot();

@@ -21,6 +21,12 @@ int64_t param_bytes_per_elem(Precision p);
 /// Bytes per element of the gradient reduction (reduce_dtype): 4 or 2.
 int64_t reduce_bytes_per_elem(Precision p);
 
+struct StepSetup;
+/// Logical bytes of one unit's all-gather (its output) over a shard group of `shard_group_size`
+/// ranks, each contributing `shard_numel` elements: G x S x param bytes, or with the int8 codec
+/// G x comm::int8_payload_bytes(S) (the engine's CommStats count exactly this).
+int64_t all_gather_bytes(const StepSetup& setup, int64_t shard_numel, int64_t shard_group_size);
+
 /// The optimizer, for its state per trainable element (the engine's optimizer-state adapter).
 enum class OptimizerKind {
   kAdamW,        ///< exp_avg + exp_avg_sq: 8 bytes per element (fp32)
@@ -96,6 +102,11 @@ struct StepSetup {
   int64_t bucket_cap_bytes = fsdp::kDefaultBucketCapBytes;  ///< no_shard's all-reduce buckets
   /// fsdp-train computes the global grad norm every step: one all-reduce of 2 doubles (16 bytes).
   bool clip_grad_norm = true;
+  /// What the all-gathers carry (FullyShardOptions::all_gather_codec): kInt8 makes each gather
+  /// G x comm::int8_payload_bytes(shard numel) bytes instead of G x shard numel x param bytes, and
+  /// adds the quantising and decoding passes to the unshard's copies. A strategy that gathers
+  /// nothing (no_shard) has no all-gather for it to change.
+  fsdp::WireCodec all_gather_codec = fsdp::WireCodec::kNone;
   /// Loss scaling (fsdp-train uses it with fp16): one all-reduce of an int64 flag per step.
   bool loss_scaling = false;
   /// fsdp-train checks every step that the loss and the gradients are finite on every rank: one
