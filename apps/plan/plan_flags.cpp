@@ -125,6 +125,21 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
                  "What the all-gathers carry: none (param dtype) or int8 (blocks of 256 with an fp32 scale, "
                  "as fsdp-train's --all-gather-codec). An error with --strategy no_shard")
       ->check(CLI::IsMember({"none", "int8"}))->group("Parallelism");
+  app.add_option("--reshard-after-forward", f.reshard_after_forward,
+                 "full_shard, hybrid_shard: keep each unit's params sharded over this many ranks (or host: "
+                 "the ranks per node) from forward to backward, whose all-gathers then stay there (as "
+                 "fsdp-train's --reshard-after-forward); with --strategy all, applied where it divides the "
+                 "shard group")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "host") return "";
+            if (!v.empty() && v.size() < 9 && v.find_first_not_of("0123456789") == std::string::npos && std::stoi(v) > 0) {
+              return "";
+            }
+            return "expected a positive integer or host, got '" + v + "'";
+          },
+          "INT|host"))
+      ->group("Parallelism");
 
   app.add_option("--global-batch-size", f.global_batch_size,
                  "Sequences per optimizer step, all ranks together (0: micro-batch x world size)")
@@ -306,6 +321,14 @@ fp::PlanInputs resolve_inputs(const PlanFlags& f) {
   if (st.all_gather_codec != fsdp::WireCodec::kNone && f.strategy == "no_shard") {
     throw UsageError("--all-gather-codec " + f.all_gather_codec +
                      " applies to strategies that all-gather params, not no_shard (every rank keeps every param)");
+  }
+  if (f.reshard_after_forward) {
+    if (f.strategy != "all" && f.strategy != "full_shard" && f.strategy != "hybrid_shard") {
+      throw UsageError("--reshard-after-forward " + *f.reshard_after_forward +
+                       " applies to --strategy full_shard or hybrid_shard, not " + f.strategy +
+                       " (it keeps each unit's params from forward to backward)");
+    }
+    in.reshard_after_forward_group_size = *f.reshard_after_forward == "host" ? -1 : std::stoll(*f.reshard_after_forward);
   }
   st.activation_checkpointing = f.activation_checkpointing;
   if (f.checkpoint_every != 1 && !f.activation_checkpointing) {

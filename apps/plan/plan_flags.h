@@ -38,6 +38,7 @@ struct PlanFlags {
   int max_unsharded_units = 2;
   std::optional<double> bucket_cap_mb;
   std::string all_gather_codec = "none";  ///< none | int8 (fsdp-train's --all-gather-codec)
+  std::optional<std::string> reshard_after_forward;  ///< N | host (fsdp-train's --reshard-after-forward)
   // Step
   int64_t global_batch_size = 0;  ///< 0: micro-batch x world size (no accumulation)
   int64_t micro_batch_size = 0;   ///< 0: global / world size, or 1

@@ -154,6 +154,29 @@ fsdp::FullyShardOptions resolve_fsdp_options(const TrainConfig& c, const fsdp::c
                      " applies to strategies that all-gather params, not " + c.strategy +
                      " (every rank keeps every param)");
   }
+  if (c.reshard_after_forward) {
+    const std::string& v = *c.reshard_after_forward;
+    if (!fsdp::traits_of(o.strategy).reshard_after_forward) {
+      throw UsageError("--reshard-after-forward " + v + " applies to --strategy full_shard or hybrid_shard, not " +
+                       c.strategy + " (it keeps each unit's params from forward to backward)");
+    }
+    int g = 0;
+    if (v == "host") {
+      try {
+        g = fsdp::comm::uniform_ranks_per_host(group);
+      } catch (const fsdp::Error& e) {
+        throw UsageError(std::string("--reshard-after-forward host: ") + e.what());
+      }
+    } else {
+      g = std::stoi(v);
+    }
+    const int shard = o.hybrid_shard_group_size > 0 ? o.hybrid_shard_group_size : group.size();
+    if (shard % g != 0) {
+      throw UsageError("--reshard-after-forward " + v + (v == "host" ? " (" + std::to_string(g) + " ranks per host)" : "") +
+                       " must divide the shard group size " + std::to_string(shard));
+    }
+    o.reshard_after_forward_group_size = g;
+  }
   if (c.bucket_cap_mb) {
     if (o.strategy != fsdp::ShardingStrategy::kNoShard) {
       throw UsageError("--bucket-cap-mb applies to --strategy no_shard only, not " + c.strategy);

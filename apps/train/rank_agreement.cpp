@@ -92,6 +92,7 @@ std::vector<Setting> shared_settings(const TrainConfig& c) {
       {"--hybrid-shard-group-size", text(c.hybrid_shard_group_size)},
       {"--bucket-cap-mb", text(c.bucket_cap_mb)},
       {"--all-gather-codec", c.all_gather_codec},
+      {"--reshard-after-forward", text(c.reshard_after_forward)},
       {"--activation-checkpointing", c.activation_checkpointing ? "true" : "false"},
       {"--global-batch-size", std::to_string(c.global_batch_size)},
       {"--micro-batch-size", std::to_string(c.micro_batch_size)},

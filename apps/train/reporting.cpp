@@ -174,6 +174,7 @@ json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& 
       {"hybrid_shard_group_size", f.hybrid_shard_group_size},
       {"bucket_cap_bytes", f.bucket_cap_bytes},
       {"all_gather_codec", c.all_gather_codec},
+      {"reshard_after_forward_group_size", f.reshard_after_forward_group_size},
       {"activation_checkpointing", c.activation_checkpointing}, {"meta_init", c.meta_init},
       {"memory_budget_bytes", c.memory_budget_bytes},
       {"root_output_dtype", f.root_output_fp32 ? "fp32" : "unchanged"},

@@ -169,6 +169,7 @@ struct RunFacts {
   std::string strategy;
   bool forward_prefetch = false;
   int hybrid_shard_group_size = 0;
+  int reshard_after_forward_group_size = 0;  ///< 0: off
   int64_t bucket_cap_bytes = 0;
   bool root_output_fp32 = false;  ///< the root unit returns fp32 logits (mixed precision)
   int64_t micro_batch_size = 0, accumulation_steps = 0;

@@ -139,6 +139,23 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
                  "fp32's bytes, 1/2 of bf16's; master weights, gradients and optimizer state stay "
                  "exact). Default none, or FSDP_ALL_GATHER_CODEC; int8 is an error with no_shard")
       ->check(CLI::IsMember({"none", "int8"}))->envname("FSDP_ALL_GATHER_CODEC")->group("Parallelism");
+  app.add_option("--reshard-after-forward", c.reshard_after_forward,
+                 "full_shard, hybrid_shard: after each unit's forward keep its params sharded over this "
+                 "many consecutive ranks (a number dividing the shard group size), or host (the ranks of "
+                 "each host; every host must hold the same number of consecutive ranks), and all-gather "
+                 "the backward's params from them only (ZeRO++'s hpZ): the backward's all-gathers stay "
+                 "inside the host, for 1/N of the params per rank held from forward to backward. Default "
+                 "off, or FSDP_RESHARD_AFTER_FORWARD; an error with another strategy")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "host") return "";
+            if (!v.empty() && v.size() < 9 && v.find_first_not_of("0123456789") == std::string::npos && std::stoi(v) > 0) {
+              return "";
+            }
+            return "expected a positive integer or host, got '" + v + "'";
+          },
+          "INT|host"))
+      ->envname("FSDP_RESHARD_AFTER_FORWARD")->group("Parallelism");
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb,
                  "no_shard: gradient all-reduce bucket size in MiB (issued during backward). "
                  "Default 25; an error with another strategy")

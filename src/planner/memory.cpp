@@ -32,7 +32,7 @@ class Moments {
  public:
   explicit Moments(PeakBytes* best) : best_(best) {}
   void consider(PeakBytes m) {
-    m.peak_bytes = m.persistent_bytes + m.sharded_grad_bytes + m.unsharded_param_bytes +
+    m.peak_bytes = m.persistent_bytes + m.sharded_grad_bytes + m.unsharded_param_bytes + m.node_shard_bytes +
                    m.unsharded_grad_bytes + m.activation_bytes + m.loss_transient_bytes +
                    m.optimizer_temp_bytes;
     if (m.peak_bytes > best_->peak_bytes || best_->moment.empty()) *best_ = m;
@@ -185,6 +185,18 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
     }
     return n;
   };
+  // hpZ: the shards kept by blocks 1..b-1 while block b is in backward (b = L + 1: all of them, at
+  // the start of backward); the one block b - 1 prefetches is gathered already (among the params).
+  const int64_t gn = par.node_group_size();
+  auto node_shards_alive = [&](int64_t b) -> int64_t {
+    if (gn == 0 || !gathers_per_phase) return 0;
+    int64_t n = 0;
+    const int64_t prefetched = prefetch_back && b <= L && b >= 2 ? b - 1 : -1;
+    for (int64_t j = 1; j < b && j <= L; ++j) {
+      if (j != prefetched) n += pb * unit_numbers(model.units[j], gn, rank % gn).shard_numel;
+    }
+    return n;
+  };
   int64_t all_grads = 0;
   for (size_t u = 0; u < un.size(); ++u) all_grads += full_grad(u);
   // [Note: tied head gradient] A tied head's gradient of the token embedding (V x C) is summed
@@ -219,6 +231,7 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
     PeakBytes m = base;
     m.moment = "start of backward";
     m.unsharded_param_bytes = params_alive(once_per_step ? L : 0);
+    m.node_shard_bytes = node_shards_alive(L + 1);
     m.unsharded_grad_bytes = accumulating ? all_grads : 0;
     m.activation_bytes = act.total_saved_bytes;
     m.loss_transient_bytes = act.known ? act.loss_transient_bytes : 0;
@@ -233,6 +246,7 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
     PeakBytes m = base;
     m.moment = "backward of " + model.units[b].name;
     m.unsharded_param_bytes = params_alive(b);
+    m.node_shard_bytes = node_shards_alive(b);
     int64_t grads = full_grad(0) + tied_waiting + full_grad(b) + reduce_input(b);
     if (ddp) {
       grads += ddp_buffers;

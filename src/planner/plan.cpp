@@ -22,6 +22,8 @@ Parallelism make_par(const PlanInputs& in, S s, int64_t world, int64_t rpn, int6
   p.world_size = world;
   p.ranks_per_node = rpn;
   p.hybrid_shard_group_size = traits_of(s).uses_hybrid_shard_group_size ? hybrid : 0;
+  const int64_t g = in.reshard_after_forward_group_size < 0 ? rpn : in.reshard_after_forward_group_size;
+  if (g > 0 && traits_of(s).reshard_after_forward && p.shard_group_size() % g == 0) p.reshard_after_forward_group_size = g;
   return p;
 }
 
@@ -254,7 +256,12 @@ Plan make_plan(const PlanInputs& given) {
   if (in.strategy) {
     int64_t g = in.hybrid_shard_group_size;
     if (traits_of(*in.strategy).uses_hybrid_shard_group_size && g == 0) g = (N % rpn == 0 && rpn < N) ? rpn : N;
-    plan.strategies.push_back(plan_strategy(in, make_par(in, *in.strategy, N, rpn, g), usable));
+    const Parallelism par = make_par(in, *in.strategy, N, rpn, g);
+    const int64_t node = in.reshard_after_forward_group_size < 0 ? rpn : in.reshard_after_forward_group_size;
+    FSDP_CHECK(node == 0 || par.shard_group_size() % node == 0, ErrorKind::kInvalidArgument, kPlanWhere,
+               "reshard_after_forward_group_size ", node, " must divide the shard group size ", par.shard_group_size(),
+               " of ", par.label());
+    plan.strategies.push_back(plan_strategy(in, par, usable));
   } else {
     plan.strategies = all;
   }

@@ -26,6 +26,7 @@ json strategy_json(const StrategyPlan& s) {
   j["hybrid_shard_group_size"] = fsdp::traits_of(p.strategy).uses_hybrid_shard_group_size ? p.shard_group_size() : 0;
   j["shard_group_size"] = p.shard_group_size();
   j["num_replicas"] = p.num_replicas();
+  j["reshard_after_forward_group_size"] = p.node_group_size();
   j["model_state"] = {{"sharded_param_bytes", s.state.sharded_param_bytes},
                       {"sharded_grad_bytes", s.state.sharded_grad_bytes},
                       {"optim_state_bytes", s.state.optim_state_bytes},
@@ -39,6 +40,7 @@ json strategy_json(const StrategyPlan& s) {
                {"persistent_bytes", k.persistent_bytes},
                {"sharded_grad_bytes", k.sharded_grad_bytes},
                {"unsharded_param_bytes", k.unsharded_param_bytes},
+               {"node_shard_bytes", k.node_shard_bytes},
                {"unsharded_grad_bytes", k.unsharded_grad_bytes},
                {"reduce_in_flight_bytes", k.reduce_in_flight_bytes},
                {"activation_bytes", k.activation_bytes},

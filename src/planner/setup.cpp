@@ -71,16 +71,32 @@ int64_t Parallelism::shard_group_size() const {
 
 int64_t Parallelism::num_replicas() const { return world_size / shard_group_size(); }
 
+int64_t Parallelism::node_group_size() const {
+  const int64_t g = reshard_after_forward_group_size;
+  return g > 0 && g < shard_group_size() ? g : 0;
+}
+
 void Parallelism::validate() const {
   FSDP_CHECK(world_size >= 1, ErrorKind::kInvalidArgument, kSetupWhere, expected_actual("world size", ">= 1", world_size));
   FSDP_CHECK(ranks_per_node >= 0, ErrorKind::kInvalidArgument, kSetupWhere,
              expected_actual("ranks per node", ">= 0", ranks_per_node));
-  shard_group_size();  // throws for a hybrid_shard_group_size the strategy does not take
+  const int64_t G = shard_group_size();  // throws for a hybrid_shard_group_size the strategy does not take
+  if (const int64_t g = reshard_after_forward_group_size; g != 0) {
+    FSDP_CHECK(fsdp::traits_of(strategy).reshard_after_forward, ErrorKind::kInvalidArgument, kSetupWhere,
+               "reshard_after_forward_group_size ", g, " applies to full_shard and hybrid_shard, not ",
+               fsdp::to_string(strategy), " (it keeps each unit's params from forward to backward)");
+    FSDP_CHECK(g > 0 && G % g == 0, ErrorKind::kInvalidArgument, kSetupWhere, "reshard_after_forward_group_size ", g,
+               " must divide the shard group size ", G);
+  }
 }
 
 std::string Parallelism::label() const {
-  if (!fsdp::traits_of(strategy).uses_hybrid_shard_group_size) return fsdp::to_string(strategy);
-  return str_cat("hybrid_shard(G=", shard_group_size(), ")");
+  const int64_t g = node_group_size();
+  if (!fsdp::traits_of(strategy).uses_hybrid_shard_group_size) {
+    return g > 0 ? str_cat(fsdp::to_string(strategy), "(node=", g, ")") : fsdp::to_string(strategy);
+  }
+  return g > 0 ? str_cat("hybrid_shard(G=", shard_group_size(), ",node=", g, ")")
+               : str_cat("hybrid_shard(G=", shard_group_size(), ")");
 }
 
 int64_t all_gather_bytes(const StepSetup& setup, int64_t shard_numel, int64_t shard_group_size) {

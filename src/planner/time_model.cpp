@@ -98,6 +98,8 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   const GroupPlacement shard_x = group_placement(par, GroupKind::kShard);
   const GroupPlacement rep_x = group_placement(par, GroupKind::kReplicate);
   const GroupPlacement world_x = group_placement(par, GroupKind::kWorld);
+  const GroupPlacement node_x = group_placement(par, GroupKind::kNode);
+  const int64_t gn = par.node_group_size();  // hpZ: the backward gathers over gn ranks
 
   // A collective in the replay (profile.h CollectiveLinks). Overlapping communication: its time
   // alone on its queue. Shared cores, compute fitting them: time alone x the shared-core factor,
@@ -134,7 +136,8 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   auto copy_s = [&](int64_t bytes) { return static_cast<double>(bytes) / copy_rate; };
   std::vector<double> unshard_copy(U, 0.0), pack_copy(U, 0.0), add_copy(U, 0.0);
   std::vector<double> fwd(U), bwd(U);
-  std::vector<Op> ag(U), rs(U), rep(U);
+  std::vector<Op> ag(U), rs(U), rep(U), ag_node(U);
+  std::vector<double> node_copy(U, 0.0);
   double update_s = 0.0;  // the step update of this rank's trainable shards, tensor by tensor
   std::vector<std::vector<Op>> buckets(U);
   std::vector<bool> has(U), trains(U);
@@ -162,6 +165,12 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     pack_copy[u] = copy_s((pb + rb) * (ddp ? n.trainable_numel : n.reduce_numel));
     add_copy[u] = copy_s((rb + kMasterBytes) * (ddp ? n.trainable_numel : n.real_trainable_numel));
     ag[u] = op(K::kAllGather, all_gather_bytes(setup, n.shard_numel, G), shard_x);
+    if (gn > 0) {
+      // The kept shard: written after forward (read + write S_g), gathered, copied into the params.
+      const int64_t s_g = unit_numbers(model.units[u], gn, 0).shard_numel;
+      ag_node[u] = op(K::kAllGather, gn * s_g * pb, node_x);
+      node_copy[u] = copy_s(2 * pb * s_g + 2 * pb * gn * s_g);
+    }
     rs[u] = op(K::kReduceScatter, rb * n.reduce_numel, shard_x);
     if (st.shard_over == ShardOver::kHybridGroup && G < N) rep[u] = op(K::kAllReduce, rb * n.reduce_shard_numel, rep_x);
     if (ddp) {
@@ -192,10 +201,13 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     const bool sync = mb + 1 == setup.accumulation_steps;
     const bool gathers = per_phase || sgo || (zero1 && mb == 0);
     std::vector<ReplayQueues::OpId> ready(U);
-    std::vector<bool> gathered(U, false), copied(U, false);
+    std::vector<bool> gathered(U, false), copied(U, false), from_node(U, false);
     int counted = 0;
+    // In backward a unit with a kept node-local shard (hpZ) gathers it over the node group.
+    bool in_backward = false;
     auto gather = [&](int64_t u) {
-      ready[u] = issue(kShardQueue, ag[u]);
+      from_node[u] = in_backward && gn > 0 && u > 0;
+      ready[u] = issue(kShardQueue, from_node[u] ? ag_node[u] : ag[u]);
       gathered[u] = true;
       copied[u] = false;
       if (u > 0 && bounded) ++counted;
@@ -204,7 +216,7 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     auto use = [&](int64_t u) {
       if (!gathered[u]) return;
       t = queues.wait(t, ready[u]);
-      if (!copied[u]) copy(unshard_copy[u]);
+      if (!copied[u]) copy(from_node[u] ? node_copy[u] : unshard_copy[u]);
       copied[u] = true;
     };
     auto release = [&](int64_t u) {
@@ -229,6 +241,7 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     }
     t += fwd[0];
     // Backward: the head first (the root stays gathered), then blocks in reverse order.
+    in_backward = true;
     t += bwd[0];
     int64_t pending = -1;  // the unit whose reduce-scatter is in flight
     std::vector<ReplayQueues::OpId> rs_done(U);

@@ -18,6 +18,7 @@ const char* to_string(GroupKind g) {
     case GroupKind::kShard: return "shard";
     case GroupKind::kReplicate: return "replicate";
     case GroupKind::kWorld: return "world";
+    case GroupKind::kNode: return "node";
   }
   return "?";
 }
@@ -40,6 +41,10 @@ bool group_crosses_nodes(const Parallelism& par, GroupKind group) {
     case GroupKind::kWorld: return true;
     case GroupKind::kShard: return G > node || node % G != 0;  // some group straddles a node boundary
     case GroupKind::kReplicate: return N - G >= node;           // ranks r, r+G, ... beyond one node
+    case GroupKind::kNode: {
+      const int64_t g = par.node_group_size();
+      return g > 0 && (g > node || node % g != 0);
+    }
   }
   return true;
 }
@@ -47,7 +52,10 @@ bool group_crosses_nodes(const Parallelism& par, GroupKind group) {
 GroupPlacement group_placement(const Parallelism& par, GroupKind group) {
   const int64_t N = par.world_size, node = par.node_size(), G = par.shard_group_size();
   GroupPlacement g;
-  g.ranks = group == GroupKind::kShard ? G : group == GroupKind::kReplicate ? N / G : N;
+  g.ranks = group == GroupKind::kShard       ? G
+            : group == GroupKind::kReplicate ? N / G
+            : group == GroupKind::kNode      ? std::max<int64_t>(1, par.node_group_size())
+                                             : N;
   g.node_size = node;
   if (!group_crosses_nodes(par, group)) return g;
   auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
@@ -55,6 +63,7 @@ GroupPlacement group_placement(const Parallelism& par, GroupKind group) {
     case GroupKind::kWorld: g.nodes = ceil_div(N, node); break;
     case GroupKind::kShard: g.nodes = std::max<int64_t>(2, ceil_div(G, node)); break;
     case GroupKind::kReplicate: g.nodes = ceil_div(g.ranks, G < node && node % G == 0 ? node / G : 1); break;
+    case GroupKind::kNode: g.nodes = std::max<int64_t>(2, ceil_div(g.ranks, node)); break;
   }
   return g;
 }
@@ -73,7 +82,7 @@ StepTraffic step_traffic(const ModelSpec& model, const Parallelism& par, const S
     CollectiveCall c;
     c.kind = kind;
     c.group = group;
-    c.group_size = group == GroupKind::kShard ? G : group == GroupKind::kReplicate ? N / G : N;
+    c.group_size = group_placement(par, group).ranks;
     c.crosses_nodes = group_crosses_nodes(par, group);
     c.nodes = group_placement(par, group).nodes;
     c.unit = unit;
@@ -89,6 +98,14 @@ StepTraffic step_traffic(const ModelSpec& model, const Parallelism& par, const S
   auto gather = [&](int64_t u) {
     if (un[u].numel > 0) add(K::kAllGather, GroupKind::kShard, u, all_gather_bytes(setup, un[u].shard_numel, G));
   };
+  // hpZ: the backward's gather of a kept node-local shard (param dtype, never int8 encoded).
+  const int64_t gn = par.node_group_size();
+  auto gather_back = [&](int64_t u) {
+    if (gn == 0) return gather(u);
+    if (un[u].numel > 0) {
+      add(K::kAllGather, GroupKind::kNode, u, gn * unit_numbers(model.units[u], gn, 0).shard_numel * pb);
+    }
+  };
   const StrategyTraits& st = traits_of(s);
   const bool per_phase = st.gathers_params && st.reshard_after_forward;
   for (int64_t mb = 0; mb < setup.accumulation_steps; ++mb) {
@@ -99,7 +116,7 @@ StepTraffic step_traffic(const ModelSpec& model, const Parallelism& par, const S
     }
     // Backward, in reverse order; the root (units[0]) last, at the end-of-backward callback.
     for (int64_t u = U - 1; u >= 0; --u) {
-      if (per_phase && u > 0) gather(u);
+      if (per_phase && u > 0) gather_back(u);
       if (!sync || un[u].trainable_numel == 0) continue;
       if (st.grad_sync == GradSync::kBuckets) {
         for (int64_t n : ddp_bucket_numels(model.units[u], setup.bucket_cap_bytes, rb)) {

@@ -9,6 +9,7 @@
 #include <atomic>
 
 #include "all_gather_codec.h"
+#include "node_shard.h"
 #include "buffers.h"
 #include "consistency.h"
 #include "gradient_sync.h"
@@ -85,6 +86,13 @@ FSDPUnit::FSDPUnit(std::shared_ptr<torch::nn::Module> module, std::string name,
   shard_group_ = groups.shard;
   replicate_group_ = traits_->replicates_over_group ? group_ : groups.replicate;
   init_shards();
+  const int node_size = options_.reshard_after_forward_group_size;
+  if (node_size > 0 && node_size < shard_size && !params_.empty()) {
+    std::vector<std::vector<int64_t>> shapes;
+    for (const auto& p : params_) shapes.push_back(p.shape);
+    node_shard_ = std::make_unique<detail::NodeShard>(sub_groups.get(shard_group_, node_size).shard, shapes,
+                                                      param_dtype_, sharded_flat_.device());
+  }
   // The unit's two seams, chosen once from its traits row ([Note: master and gather shards]).
   gather_codec_ = detail::make_all_gather_codec(options_.all_gather_codec, param_dtype_, traits_->gathers_params);
   detail::GradientSyncArgs sync;
@@ -205,6 +213,10 @@ int64_t FSDPUnit::unsharded_param_bytes() const {
   for (const auto& p : params_) n += p.allocated_unsharded_bytes();
   return n;
 }
+
+int64_t FSDPUnit::node_shard_bytes() const { return node_shard_ ? node_shard_->bytes() : 0; }
+
+comm::ProcessGroupPtr FSDPUnit::node_group() const { return node_shard_ ? node_shard_->group() : nullptr; }
 
 int64_t FSDPUnit::unsharded_grad_bytes() const {
   int64_t n = 0;

@@ -19,6 +19,7 @@ ModelStateBytes model_state_bytes(const std::shared_ptr<torch::nn::Module>& root
     m.sharded_grad_bytes += u->sharded_grad_bytes();
     m.unsharded_param_bytes += u->unsharded_param_bytes();
     m.unsharded_grad_bytes += u->unsharded_grad_bytes();
+    m.node_shard_bytes += u->node_shard_bytes();
     if (u->is_root()) m.peak_unsharded_param_bytes = u->scheduler()->peak_unsharded_param_bytes();
   }
   if (optimizer) m.optim_state_bytes = optimizer_state_bytes(*optimizer);

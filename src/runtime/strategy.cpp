@@ -71,7 +71,17 @@ int validated_shard_size(const FullyShardOptions& o, int group_size, const Error
   FSDP_CHECK(t.gathers_params || o.all_gather_codec == WireCodec::kNone, ErrorKind::kInvalidArgument, where,
              "all_gather_codec ", to_string(o.all_gather_codec), " applies to strategies that all-gather params; ",
              name, " keeps every param on every rank (leave it none)");
-  return static_cast<int>(shard_group_size_of(o.strategy, o.hybrid_shard_group_size, group_size, where));
+  const int shard_size = static_cast<int>(shard_group_size_of(o.strategy, o.hybrid_shard_group_size, group_size, where));
+  if (o.reshard_after_forward_group_size != 0) {
+    const int g = o.reshard_after_forward_group_size;
+    FSDP_CHECK(o.reshard_after_forward.value_or(t.reshard_after_forward), ErrorKind::kInvalidArgument, where,
+               "reshard_after_forward_group_size ", g, " applies to units that reshard after forward (full_shard, ",
+               "hybrid_shard); strategy ", name,
+               o.reshard_after_forward ? " with reshard_after_forward=false" : "", " keeps its params until backward");
+    FSDP_CHECK(g > 0 && shard_size % g == 0, ErrorKind::kInvalidArgument, where, "reshard_after_forward_group_size ", g,
+               " must divide the shard group size ", shard_size, " (or be 0: off)");
+  }
+  return shard_size;
 }
 
 UnitGroups SubGroupCache::get(const comm::ProcessGroupPtr& group, int shard_size) {

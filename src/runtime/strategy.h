@@ -22,7 +22,9 @@ using fsdp::traits_of;
 /// Shard group size of a unit over a group of group_size ranks with these options. Throws
 /// fsdp::Error (kInvalidArgument, at `where`) for options that do not apply to the strategy or
 /// are out of range: hybrid_shard_group_size not dividing the group, reshard_after_forward=true
-/// for a strategy that keeps full params, bucket_cap_bytes <= 0, max_unsharded_units < 1.
+/// for a strategy that keeps full params, bucket_cap_bytes <= 0, max_unsharded_units < 1, an
+/// all_gather_codec for a strategy that gathers nothing, a reshard_after_forward_group_size for a
+/// unit that does not reshard after forward or not dividing the shard group size.
 int validated_shard_size(const FullyShardOptions& options, int group_size, const ErrorContext& where);
 
 /// The shard group (ranks holding distinct rows) and replicate group (ranks holding the same rows;

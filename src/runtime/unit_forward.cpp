@@ -11,6 +11,7 @@
 #include "autograd_hooks.h"
 #include "buffers.h"
 #include "checkpoint_region.h"
+#include "node_shard.h"
 #include "fsdp/common/activity.h"
 #include "gradient_sync.h"
 #include "scheduler.h"
@@ -107,7 +108,15 @@ std::vector<at::Tensor> FSDPUnit::post_forward(std::vector<at::Tensor> outputs) 
   }
   // A recomputed use keeps its params: its nested backward follows at once.
   const bool recomputing = detail::replaying_region() != nullptr;
-  if (!grad || (reshard_after_forward() && !is_root() && !recomputing)) reshard();
+  if (!grad || (reshard_after_forward() && !is_root() && !recomputing)) {
+    // [Note: node-local reshard] What the backward will gather over the node-local group: the
+    // rows this forward computed with.
+    if (grad && node_shard_ && sharded_state_ == ShardedState::kUnsharded && !params_.empty()) {
+      drop_node_shard();  // a unit called twice in one forward keeps its last use's rows
+      scheduler_->on_unsharded(node_shard_->keep(params_, scheduler_->forward_pass()));
+    }
+    reshard();
+  }
   pop_activity();
   training_state_ = TrainingState::kIdle;
   if (grad) outputs = register_pre_backward(*this, forward_index_, std::move(outputs));

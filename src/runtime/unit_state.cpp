@@ -8,6 +8,7 @@
 #include "all_gather_codec.h"
 #include "buffers.h"
 #include "checkpoint_region.h"
+#include "node_shard.h"
 #include "fsdp/common/activity.h"
 #include "gradient_sync.h"
 #include "scheduler.h"
@@ -23,8 +24,27 @@ void FSDPUnit::unshard_async(const char* phase) {
     sharded_state_ = ShardedState::kUnsharded;
     return;
   }
+  if (node_shard_ && node_shard_->held()) {
+    // [Note: node-local reshard] Kept by this forward pass's forward: the backward (or a
+    // recomputed forward inside it) gathers over the node-local group. A shard from an earlier
+    // pass is stale (the optimizer may have stepped since): dropped, and the shard group gathers.
+    if (scheduler_ && node_shard_->held_for(scheduler_->forward_pass())) {
+      scheduler_->on_resharded(node_shard_->bytes());  // moves into the gather's input
+      gather_ = std::make_unique<detail::AllGatherResult>(node_shard_->gather(tag(phase)));
+      gather_from_node_ = true;
+      sharded_state_ = ShardedState::kUnsharding;
+      return;
+    }
+    drop_node_shard();
+  }
   gather_ = std::make_unique<detail::AllGatherResult>(gather_codec_->encode(sharded_flat_, *shard_group_, tag(phase)));
   sharded_state_ = ShardedState::kUnsharding;
+}
+
+void FSDPUnit::drop_node_shard() noexcept {
+  if (!node_shard_ || !node_shard_->held()) return;
+  const int64_t bytes = node_shard_->drop();
+  if (scheduler_) scheduler_->on_resharded(bytes);
 }
 
 void FSDPUnit::unshard(const char* phase) {
@@ -38,8 +58,13 @@ void FSDPUnit::unshard(const char* phase) {
     grad_sync_->ensure_hooks();
     return;
   }
-  gather_codec_->decode(*gather_, params_, gather_layout_);
+  if (gather_from_node_) {
+    node_shard_->copy_out(*gather_, params_);
+  } else {
+    gather_codec_->decode(*gather_, params_, gather_layout_);
+  }
   gather_.reset();
+  gather_from_node_ = false;
   sharded_state_ = ShardedState::kUnsharded;
   grad_sync_->ensure_hooks();
   if (traits_->lazy_gather) {
@@ -56,6 +81,7 @@ void FSDPUnit::reshard() {
   if (sharded_state_ == ShardedState::kUnsharding) {
     if (gather_ && gather_->work) gather_->work->wait();  // never free a buffer a collective writes
     gather_.reset();
+    gather_from_node_ = false;
     sharded_state_ = ShardedState::kSharded;
     return;
   }
@@ -72,6 +98,7 @@ void FSDPUnit::invalidate_unsharded() {
   FSDP_CHECK(training_state_ != TrainingState::kForward, ErrorKind::kState, where("invalidate_unsharded"),
              "the shards were changed during the unit's forward");
   gathered_versions_.clear();  // lazy gather: the next unshard all-gathers
+  drop_node_shard();
   if (params_alias_) return;   // the module params are the shards themselves
   if (traits_->lazy_gather) {
     if (sharded_state_ == ShardedState::kUnsharding && gather_ && gather_->work) gather_->work->wait();
@@ -120,6 +147,7 @@ void FSDPUnit::reset_after_error(bool drop_grads) noexcept {
     } catch (...) {
     }
     gather_.reset();
+    gather_from_node_ = false;
     if (!params_alias_ && !traits_->lazy_gather) {
       for (auto& p : params_) p.free_unsharded();
     }
@@ -127,6 +155,7 @@ void FSDPUnit::reset_after_error(bool drop_grads) noexcept {
   } else {
     reshard();
   }
+  drop_node_shard();
   training_state_ = TrainingState::kIdle;
 }
 

@@ -55,6 +55,16 @@ struct ChainImpl : torch::nn::Module {
 };
 TORCH_MODULE(Chain);
 
+/// Chain(widths) with every param drawn from a generator of its own seeded with `seed` (x 0.3):
+/// the same values on every thread of a threaded group, which share the global generator.
+inline Chain seeded_chain(const std::vector<int64_t>& widths, uint64_t seed) {
+  Chain model(widths);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::NoGradGuard no_grad;
+  for (auto& p : model->parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.3);
+  return model;
+}
+
 /// A small pre-LayerNorm transformer block (attention + GELU MLP), the unit of the transformer
 /// parity tests.
 struct TinyBlockImpl : torch::nn::Module {

@@ -62,17 +62,8 @@ fsdp::FullyShardOptions int8_options(fsdp::ShardingStrategy s, int hybrid_size =
   return o;
 }
 
-// The chain's params from a generator of its own (the threads share the global one).
-Chain seeded_chain() {
-  Chain model(kWidths);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
-  at::NoGradGuard no_grad;
-  for (auto& p : model->parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.3);
-  return model;
-}
-
 Chain sharded_chain(const fsdp::comm::ProcessGroupPtr& g, const fsdp::FullyShardOptions& o) {
-  Chain model = seeded_chain();  // l0: 40 x 30 + 40 (two blocks and a tail per shard at G = 2), l1: 5 x 40 + 5
+  Chain model = seeded_chain(kWidths, 11);  // l0: 40 x 30 + 40 (two blocks and a tail per shard at G = 2), l1: 5 x 40 + 5
   for (auto& l : model->layers) fsdp::fully_shard(l.ptr(), g, o);
   fsdp::fully_shard(model.ptr(), g, o);
   return model;
@@ -89,7 +80,7 @@ TEST(Int8AllGather, GradientsAreThoseOfTheDecodedWeights) {
     SCOPED_TRACE("shard group " + std::to_string(G));
     const auto strategy = G == kWorld ? fsdp::ShardingStrategy::kFullShard : fsdp::ShardingStrategy::kHybridShard;
     run_threaded(kWorld, [&](int rank, fsdp::comm::ProcessGroupPtr g) {
-      Chain exact = seeded_chain(), decoded = seeded_chain();
+      Chain exact = seeded_chain(kWidths, 11), decoded = seeded_chain(kWidths, 11);
       int64_t payload[2];
       {
         at::NoGradGuard no_grad;
@@ -131,7 +122,7 @@ TEST(Int8AllGather, KeptParamsAreTheDecodedShardsBitForBit) {
       auto o = int8_options(strategy);
       const auto dtype = strategy == fsdp::ShardingStrategy::kShardGradOp ? at::kBFloat16 : at::kFloat;
       o.mixed_precision.param_dtype = dtype;
-      Chain exact = seeded_chain();
+      Chain exact = seeded_chain(kWidths, 11);
       Chain model = sharded_chain(g, o);
       const at::Tensor out = fsdp::call(model, at::ones({2, 30}));
       for (int i = 0; i < 2; ++i) {

@@ -80,11 +80,12 @@ int64_t padded_full_numel(const fp::ModelSpec& m, int64_t G) {
 
 std::shared_ptr<ChainImpl> sharded_chain(ShardingStrategy s, const fsdp::comm::ProcessGroupPtr& g,
                                          int64_t bucket_cap = 0,
-                                         fsdp::WireCodec codec = fsdp::WireCodec::kNone) {
+                                         fsdp::WireCodec codec = fsdp::WireCodec::kNone, int node = 0) {
   torch::manual_seed(1);
   auto model = Chain(kWidths).ptr();
   auto o = options_for(s, g->size());
   o.all_gather_codec = codec;
+  o.reshard_after_forward_group_size = node;
   if (bucket_cap > 0 && s == ShardingStrategy::kNoShard) o.bucket_cap_bytes = bucket_cap;  // no_shard's only
   fsdp::fully_shard_tree(model, g, fsdp::wrap_by_type<torch::nn::LinearImpl>(), o);
   return model;
@@ -174,20 +175,33 @@ TEST(Strategies, ModelStateBytesFollowTheFormula) {
 //   no_shard       AR one per bucket, 4P bytes in all                          = P (all-reduce)
 //   hybrid_shard   AG 2U x 4Ppad(G), RS U x 4Ppad(G), AR U x 4Ppad(G)/G (none when G = N)
 // (the root, Chain itself, has no parameters: no collective of its own). With the int8
-// all-gather codec every all-gather carries G x int8_payload_bytes(S) instead of G x 4S.
+// all-gather codec every all-gather carries G x int8_payload_bytes(S) instead of G x 4S; with
+// full_shard resharded to 2 ranks after forward (N = 4) the backward's carry 2 x 4 S_2.
 TEST(Strategies, CollectiveCountsAndBytesPerStep) {
   auto g = world();
   const int N = g->size();
   const int64_t cap = (96 * 96 + 96) * 4;  // one Linear(96,96) per bucket, no more
   const fp::ModelSpec spec = chain_spec();
-  for (auto codec : {fsdp::WireCodec::kNone, fsdp::WireCodec::kInt8})
-  for (auto s : implemented_strategies()) {
-    if (codec != fsdp::WireCodec::kNone && !fsdp::traits_of(s).gathers_params) continue;
-    SCOPED_TRACE(fsdp::to_string(s) + " all_gather_codec " + fsdp::to_string(codec));
+  struct Config {
+    ShardingStrategy s;
+    fsdp::WireCodec codec;
+    int node;
+  };
+  std::vector<Config> configs;
+  for (auto codec : {fsdp::WireCodec::kNone, fsdp::WireCodec::kInt8}) {
+    for (auto s : implemented_strategies()) {
+      if (codec == fsdp::WireCodec::kNone || fsdp::traits_of(s).gathers_params) configs.push_back({s, codec, 0});
+    }
+  }
+  if (N == 4) configs.push_back({ShardingStrategy::kFullShard, fsdp::WireCodec::kNone, 2});
+  for (const auto& [s, codec, node] : configs) {
+    SCOPED_TRACE(fsdp::to_string(s) + " all_gather_codec " + fsdp::to_string(codec) + " node " + std::to_string(node));
     const int G = shard_size_of(s, N);
     fp::StepSetup setup = chain_step(cap);
     setup.all_gather_codec = codec;
-    const fp::StepTraffic plan = fp::step_traffic(spec, parallelism_of(s, N), setup);
+    fp::Parallelism par = parallelism_of(s, N);
+    par.reshard_after_forward_group_size = node;
+    const fp::StepTraffic plan = fp::step_traffic(spec, par, setup);
     const StepComm want{plan.all_gather.calls,     plan.all_gather.logical_bytes,
                         plan.reduce_scatter.calls, plan.reduce_scatter.logical_bytes,
                         plan.all_reduce.calls,     plan.all_reduce.logical_bytes};
@@ -202,7 +216,7 @@ TEST(Strategies, CollectiveCountsAndBytesPerStep) {
       const int64_t passes = fsdp::traits_of(s).reshard_after_forward ? 2 : 1;
       EXPECT_EQ(want.ag_bytes, passes * per_pass);
     }
-    auto model = sharded_chain(s, g, cap, codec);
+    auto model = sharded_chain(s, g, cap, codec, node);
     torch::optim::AdamW opt(fsdp::parameters(model), torch::optim::AdamWOptions(1e-3));
     for (int step = 0; step < 3; ++step) {
       auto before = g->stats().snapshot();

@@ -81,6 +81,9 @@ struct PeakBytes {
   int64_t persistent_bytes = 0;           ///< sharded params + optimizer state + resident full params
   int64_t sharded_grad_bytes = 0;         ///< sharded grads existing at that moment
   int64_t unsharded_param_bytes = 0;      ///< transient full params alive (gathered units, casts)
+  /// Node-local shards kept from each unit's forward to its backward (Parallelism::
+  /// reshard_after_forward_group_size): S_g x param bytes per unit not yet in backward.
+  int64_t node_shard_bytes = 0;
   int64_t unsharded_grad_bytes = 0;       ///< full grads and reduce-scatter / bucket buffers alive
   /// Of unsharded_grad_bytes, what the reduce-scatter beside this moment holds only while it runs:
   /// on the all-to-all route the blocks it receives (and for bf16/fp16 the float32 sum and the block

@@ -30,6 +30,11 @@ struct PlanInputs {
   /// hybrid_shard with `strategy` set: ranks per shard group; 0 = the ranks per node when they
   /// divide the world size (else the world size)
   int64_t hybrid_shard_group_size = 0;
+  /// Reshard after forward to a node-local group (Parallelism::reshard_after_forward_group_size)
+  /// of this many ranks, -1 = the ranks per node, 0 = off: applied to every candidate that reshards
+  /// after forward (full_shard, hybrid_shard) whose shard group it divides (its label says
+  /// "node=g"); the others are planned without it.
+  int64_t reshard_after_forward_group_size = 0;
   StepSetup step;
   DeviceProfile profile;
   int64_t memory_per_rank_bytes = 0;  ///< 0: the profile's

@@ -48,6 +48,13 @@ struct Parallelism {
   int64_t hybrid_shard_group_size = 0;
   /// Ranks per node (for intra- vs inter-node links); 0 = all ranks on one node.
   int64_t ranks_per_node = 0;
+  /// full_shard, hybrid_shard: reshard after forward to g consecutive ranks
+  /// (FullyShardOptions::reshard_after_forward_group_size, ZeRO++'s hpZ): each non-root unit keeps
+  /// a shard over g ranks (param dtype) from its forward to its backward, whose all-gather runs over
+  /// those g ranks (GroupKind::kNode). 0 = off; the shard group size: off as well.
+  int64_t reshard_after_forward_group_size = 0;
+  /// g when the node-local reshard is active (0 < g < shard_group_size()), else 0.
+  int64_t node_group_size() const;
 
   /// Ranks a unit's rows are spread over: 1 (no_shard), G (hybrid_shard), else world_size.
   int64_t shard_group_size() const;
@@ -56,9 +63,12 @@ struct Parallelism {
   /// ranks_per_node, or world_size when 0.
   int64_t node_size() const { return ranks_per_node > 0 ? ranks_per_node : world_size; }
   /// Throws fsdp::Error (kInvalidArgument) for world_size < 1, a hybrid size that does not divide
-  /// the world size (or is set with another strategy), ranks_per_node < 0.
+  /// the world size (or is set with another strategy), ranks_per_node < 0, a
+  /// reshard_after_forward_group_size with a strategy that keeps its params until backward or not
+  /// dividing the shard group size.
   void validate() const;
-  /// "full_shard", or "hybrid_shard(G=8)".
+  /// "full_shard", or "hybrid_shard(G=8)"; with an active node-local reshard "full_shard(node=2)",
+  /// "hybrid_shard(G=8,node=4)".
   std::string label() const;
 };
 

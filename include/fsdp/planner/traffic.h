@@ -18,8 +18,9 @@ enum class GroupKind {
   kShard,      ///< the unit's shard group (the world, or a hybrid shard group of G ranks)
   kReplicate,  ///< hybrid_shard's replicate group (N/G ranks holding the same rows)
   kWorld,      ///< the whole data-parallel group (no_shard buckets, grad-norm and loss-scaler flags)
+  kNode,       ///< the node-local group of Parallelism::node_group_size() consecutive ranks (hpZ)
 };
-/// "shard", "replicate", "world".
+/// "shard", "replicate", "world", "node".
 const char* to_string(GroupKind g);
 
 /// One collective of a step.
@@ -77,7 +78,9 @@ GroupPlacement group_placement(const Parallelism& par, GroupKind group);
 /// Every collective of one steady-state training step (setup.accumulation_steps micro-batches,
 /// gradient sync on the last), as the engine issues them:
 ///   full_shard, hybrid_shard: per micro-batch one all-gather per unit with params in forward and
-///     one more per non-root unit in backward (the root stays gathered: 2U - 1); one reduce-scatter
+///     one more per non-root unit in backward (the root stays gathered: 2U - 1; with a node-local
+///     reshard of g ranks the backward's runs over the node group, g x S_g x param bytes, never
+///     int8 encoded: it carries the rows the forward computed with); one reduce-scatter
 ///     per unit with trainable params in the last micro-batch; hybrid_shard with G < N: one
 ///     all-reduce of the unit's reduced shard across the replicas after each reduce-scatter;
 ///   shard_grad_op: one all-gather per unit per micro-batch (kept until the end of backward);

@@ -32,6 +32,7 @@ namespace detail {
 class AllGatherCodec;
 class BufferCast;
 class GradientSync;
+class NodeShard;
 class Scheduler;
 class SubGroupCache;
 struct AllGatherResult;
@@ -113,6 +114,12 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   /// Frees the unsharded storage (resize to 0 bytes): the module's params then hold empty tensors
   /// (shape [0]) until the next unshard; FSDPParam::shape keeps each one's unsharded shape.
   void reshard();
+  /// Bytes of the node-local shard this unit keeps now (reshard_after_forward_group_size: from a
+  /// grad-enabled forward to its backward; 0 otherwise).
+  int64_t node_shard_bytes() const;
+  /// The node-local group of reshard_after_forward_group_size, or nullptr when the unit keeps no
+  /// node-local shard.
+  comm::ProcessGroupPtr node_group() const;
   /// The shards were written outside the unit's own steps (a state dict or checkpoint load):
   /// drops any unsharded copy, so the next use all-gathers the current rows. Waits for an
   /// all-gather in flight; zero1's persistent full params are kept but marked stale. Not
@@ -222,6 +229,11 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   // cast). Where the master lives (host, device) is the codec's business.
   at::Tensor sharded_flat_;       // (S) this rank's padded master shards of all params, original dtype
   std::unique_ptr<detail::AllGatherCodec> gather_codec_;
+  // [Note: node-local reshard] (src/runtime/node_shard.h): null unless reshard_after_forward_group_size
+  // is below the shard group size; gather_from_node_ while gather_ is its all-gather.
+  std::unique_ptr<detail::NodeShard> node_shard_;
+  bool gather_from_node_ = false;
+  void drop_node_shard() noexcept;
   int64_t forward_index_ = 0;
   std::unique_ptr<detail::AllGatherResult> gather_;
   std::unique_ptr<detail::GradientSync> grad_sync_;  // chosen once from traits_->grad_sync

@@ -18,13 +18,16 @@ struct ModelStateBytes {
   int64_t optim_state_bytes = 0;       ///< optimizer state tensors (0 without an optimizer)
   int64_t unsharded_param_bytes = 0;   ///< unsharded params resident now (zero1: between steps too)
   int64_t unsharded_grad_bytes = 0;    ///< unsharded grads alive now
-  int64_t peak_unsharded_param_bytes = 0;  ///< max unsharded params alive since last reset
+  /// Node-local shards kept from a unit's forward to its backward (reshard_after_forward_group_size).
+  int64_t node_shard_bytes = 0;
+  /// Max unsharded params (and node-local shards) alive at once since the last reset.
+  int64_t peak_unsharded_param_bytes = 0;
   int64_t total_state_bytes() const {
     return sharded_param_bytes + sharded_grad_bytes + optim_state_bytes;
   }
   /// Everything the library holds for the model now: the state plus unsharded params and grads.
   int64_t resident_bytes() const {
-    return total_state_bytes() + unsharded_param_bytes + unsharded_grad_bytes;
+    return total_state_bytes() + unsharded_param_bytes + unsharded_grad_bytes + node_shard_bytes;
   }
 };
 

@@ -104,6 +104,17 @@ struct FullyShardOptions {
   /// How the params travel in the unit's all-gathers (forward, backward and zero1's lazy gather).
   /// kInt8 needs a strategy that all-gathers params (not no_shard: fsdp::Error otherwise).
   WireCodec all_gather_codec = WireCodec::kNone;
+  /// Reshard after forward to a node-local group (ZeRO++'s hpZ; FSDP2's reshard_after_forward=<int>):
+  /// g > 0 keeps, after a forward with grad enabled, this rank's rows of the unit's params (as the
+  /// forward computed with them, in param_dtype) sharded over g consecutive ranks of the shard group
+  /// (one host's ranks, when the launcher places a host's ranks together), and the unit's backward
+  /// all-gathers them over those g ranks only. Costs S_g x param bytes per unit from its forward to
+  /// its backward (S_g: a shard over g ranks, about 1/g of the unit). 0 (default): off. g equal
+  /// to the shard group size: off too (the backward gathers over that group anyway). Needs a unit
+  /// that reshards after forward (full_shard, hybrid_shard; not with reshard_after_forward=false)
+  /// and g dividing the shard group size: fsdp::Error otherwise. The root unit never reshards
+  /// after a grad-enabled forward, so it keeps nothing.
+  int reshard_after_forward_group_size = 0;
 };
 
 }  // namespace fsdp
