@@ -217,6 +217,20 @@ def wire_codecs(bin_path):
         check(b["reduce_scatter"] == a["reduce_scatter"] and exact[label]["model_state"] == int8[label]["model_state"],
               f"{label}: gradients and model state unchanged by the all-gather codec")
     check(exact["no_shard"]["traffic"] == int8["no_shard"]["traffic"], "no_shard gathers nothing to encode")
+    # --reshard-after-forward host (2 ranks per node of 4): full_shard's backward gathers go to the
+    # node group, the same bytes over 2 ranks; applied where it divides the shard group only.
+    hpz = by_strategy(json.loads(plan(bin_path, *base, "--reshard-after-forward", "host").stdout))
+    check("full_shard(node=2)" in hpz and "full_shard" not in hpz and "hybrid_shard(G=2)" in hpz
+          and hpz["full_shard(node=2)"]["reshard_after_forward_group_size"] == 2,
+          f"labels with the node-local reshard where it applies: {sorted(hpz)}")
+    fs, node = exact["full_shard"]["traffic"]["all_gather"], hpz["full_shard(node=2)"]["traffic"]["all_gather"]
+    check(node["calls"] == fs["calls"] and node["wire_bytes"] < fs["wire_bytes"],
+          f"the backward's gathers over 2 ranks instead of 4: {node} vs {fs}")
+    for args, says in ((["--strategy", "zero1", "--reshard-after-forward", "2"], "applies to --strategy full_shard or hybrid_shard"),
+                       (["--world-size", "4", "--strategy", "full_shard", "--reshard-after-forward", "3"],
+                        "reshard_after_forward_group_size 3 must divide the shard group size 4")):
+        p = plan(bin_path, *args, expect_rc=2)
+        check(says in p.stderr, f"{args}: {p.stderr!r}")
     p = plan(bin_path, "--strategy", "no_shard", "--all-gather-codec", "int8", expect_rc=2)
     check("--all-gather-codec int8 applies to strategies that all-gather params, not no_shard" in p.stderr,
           f"int8 with no_shard refused in one line: {p.stderr!r}")

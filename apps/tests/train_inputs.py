@@ -174,6 +174,12 @@ def test_flags(opts, tmp):
     expect_error(run(["--steps", "2", "--metrics", m, "--strategy", "no_shard", "--all-gather-codec", "int8"], 1, opts),
                  2, "--all-gather-codec int8 applies to strategies that all-gather params, not no_shard")
     check(not events(m, "step"), "--all-gather-codec int8 with no_shard: refused before step 1")
+    for args, says in ((["--strategy", "shard_grad_op", "--reshard-after-forward", "1"],
+                        "--reshard-after-forward 1 applies to --strategy full_shard or hybrid_shard, not shard_grad_op"),
+                       (["--reshard-after-forward", "3"], "--reshard-after-forward 3 must divide the shard group size 2"),
+                       (["--reshard-after-forward", "0"], "expected a positive integer or host, got '0'")):
+        expect_error(run(["--steps", "2", "--metrics", m] + args, 2, opts), 2, says)
+        check(not events(m, "step"), "%s: refused before step 1" % args)
     missing = os.path.join(tmp, "missing")
     for flag in ("--export", "--metrics", "--trace"):
         extra = ["--metrics", m] if flag != "--metrics" else []

@@ -2,7 +2,10 @@
 """Bytes on the links between test hosts, per training step, against the formula; step times.
 
   bench/hosts/link_traffic.py --bin build/bin/fsdp-train --data-dir ./data [--rate 1gbit]
-      [--model gpt2] [--strategies full_shard,hybrid_shard,no_shard]
+      [--model gpt2] [--strategies full_shard,hybrid_shard,no_shard,full_shard+int8+hpz]
+
+A strategy may carry options after '+': int8 (--all-gather-codec int8), hpz
+(--reshard-after-forward host).
 
 Makes 2 test hosts (scripts/hosts.sh up 2 [RATE]), runs fsdp-train on 2 hosts x 2 ranks for 1
 and for 2 steps per strategy, and reports for each strategy:
@@ -11,7 +14,7 @@ and for 2 steps per strategy, and reports for each strategy:
   * the formula: inter_host_bytes of step 2 of the metrics (rank 0; [Note: host traffic] in
     include/fsdp/comm/comm_stats.h), and measured / (2 ranks x formula): 1.0 when every rank
     fetches its own copy across the link (pairwise), 0.5 when each byte crosses once per host;
-  * step_time_s of step 2.
+  * step_time_s and the peak memory of rank 0 (mem.peak_bytes) of step 2.
 Prints one Markdown table row per strategy. Needs root (network namespaces); the hosts are
 removed at the end, also after a failure.
 """
@@ -58,14 +61,18 @@ def main():
         with open(os.path.join(env["FSDP_HOSTS_DIR"], "mpirun_args")) as f:
             mpirun_args = f.read().split()
         print("| strategy | link | formula: inter_host_bytes per rank per step | measured: host 1 "
-              "received per step | measured / (2 ranks x formula) | step time (s) |")
-        print("|---|---|---|---|---|---|")
-        for strategy in a.strategies.split(","):
+              "received per step | measured / (2 ranks x formula) | step time (s) | peak per rank |")
+        print("|---|---|---|---|---|---|---|")
+        options = {"int8": ["--all-gather-codec", "int8"], "hpz": ["--reshard-after-forward", "host"]}
+        for label in a.strategies.split(","):
+            strategy, *opts = label.split("+")
             extra = ["--hybrid-shard-group-size", "host"] if strategy == "hybrid_shard" else []
+            for o in opts:
+                extra += options[o]
             rx = {}
             last = None
             for n in ((2,) if a.only_2_steps else (1, 2)):
-                m = os.path.join(tmp, "%s-%d.jsonl" % (strategy, n))
+                m = os.path.join(tmp, "%s-%d.jsonl" % (label, n))
                 c0 = counters(env)
                 cmd = ["bash", HOSTS, "exec", prefix + "0", "mpirun", "--allow-run-as-root",
                        "--bind-to", "none", "-x", "OMP_NUM_THREADS"] + mpirun_args + \
@@ -87,9 +94,9 @@ def main():
             else:
                 measured = "%.1f MB" % ((rx[2] - rx[1]) / 1e6)
                 ratio = "%.2f" % ((rx[2] - rx[1]) / (2 * formula))
-            print("| %s | %s | %.1f MB | %s | %s | %.1f |" % (
-                strategy, a.rate or "veth, no limit", formula / 1e6, measured, ratio,
-                last["step_time_s"]), flush=True)
+            print("| %s | %s | %.1f MB | %s | %s | %.1f | %.0f MB |" % (
+                label, a.rate or "veth, no limit", formula / 1e6, measured, ratio,
+                last["step_time_s"], last["mem"]["peak_bytes"] / 1e6), flush=True)
     finally:
         subprocess.run(["bash", HOSTS, "down"], env=env)
 

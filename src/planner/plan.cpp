@@ -270,7 +270,54 @@ Plan make_plan(const PlanInputs& given) {
                                   std::to_string(static_cast<int>(std::lround(in.headroom * 100))) + "% headroom)";
   plan.recommendation = recommend(in, all, rpn, usable, usable_text);
   plan.notes = profile_notes(in);
+  for (std::string& note : slow_link_notes(in, plan)) plan.notes.push_back(std::move(note));
   return plan;
+}
+
+std::vector<std::string> slow_link_notes(const PlanInputs& in, const Plan& plan) {
+  const Recommendation& rec = plan.recommendation;
+  if (rec.kind != RecommendationKind::kDataParallel) return {};
+  const Parallelism& par = rec.choice;
+  const StrategyTraits& t = traits_of(par.strategy);
+  if (!t.gathers_params || !group_crosses_nodes(par, GroupKind::kShard)) return {};
+  StrategyPlan now;
+  bool found = false;
+  for (const StrategyPlan& s : plan.strategies) {
+    if (s.parallelism.label() == par.label()) {
+      now = s;
+      found = true;
+    }
+  }
+  if (!found || now.time.step_s <= 0 || now.time.exposed_comm_s < 0.2 * now.time.step_s) return {};
+  PlanInputs faster = in;
+  Parallelism better = par;
+  std::vector<std::string> flags;
+  if (in.step.all_gather_codec == fsdp::WireCodec::kNone) {
+    faster.step.all_gather_codec = fsdp::WireCodec::kInt8;
+    flags.push_back("--all-gather-codec int8");
+  }
+  const int64_t rpn = plan.ranks_per_node, G = par.shard_group_size();
+  if (t.reshard_after_forward && par.node_group_size() == 0 && rpn < G && G % rpn == 0) {
+    better.reshard_after_forward_group_size = rpn;
+    flags.push_back("--reshard-after-forward host");
+  }
+  if (flags.empty()) return {};
+  const StrategyPlan then = plan_strategy(faster, better, plan.usable_bytes);
+  if (!then.fits || then.time.step_s > 0.9 * now.time.step_s) return {};
+  auto cross_node_gather_bytes = [](const StepTraffic& tr) {
+    double b = 0;
+    for (const auto& c : tr.calls) {
+      if (c.kind == fsdp::comm::CollectiveKind::kAllGather && c.crosses_nodes) b += c.wire_bytes;
+    }
+    return b;
+  };
+  std::string joined;
+  for (const auto& f : flags) joined += (joined.empty() ? "" : " ") + f;
+  return {str_cat(par.label(), " is bandwidth-bound here: ", seconds(now.time.exposed_comm_s), " of its ",
+                  seconds(now.time.step_s), " step is communication its compute does not hide; with ", joined, " (",
+                  then.parallelism.label(), ") the planner predicts ", seconds(then.time.step_s),
+                  " per step, cross-node all-gather bytes per rank ", gb(cross_node_gather_bytes(now.traffic)), " -> ",
+                  gb(cross_node_gather_bytes(then.traffic)), " (docs/planner.md, \"Traffic\")")};
 }
 
 std::vector<std::string> profile_notes(const PlanInputs& in) {

@@ -3,9 +3,12 @@
 // node-local group (the backward's gathers on the node, the kept shards in the peak, refusals).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "fsdp/comm/block_quant.h"
 #include "fsdp/planner/memory.h"
 #include "fsdp/planner/model_spec.h"
+#include "fsdp/planner/plan.h"
 #include "fsdp/planner/profile.h"
 #include "fsdp/planner/time_model.h"
 #include "fsdp/planner/traffic.h"
@@ -93,4 +96,37 @@ TEST(PlannerSlowLinks, NodeLocalReshardIsRefusedWhereItCannotApply) {
   EXPECT_NO_THROW(p.validate());
   EXPECT_EQ(p.node_group_size(), 0) << "the whole shard group: nothing kept";
   EXPECT_EQ(p.label(), "full_shard");
+}
+
+// A plan bandwidth-bound on slow links between nodes (h100's inter-node links at 1/100) says which
+// fsdp-train flags would shorten its step, and by how much; with fast links it says nothing.
+TEST(PlannerSlowLinks, ABandwidthBoundPlanNamesTheSlowLinkFlags) {
+  fp::PlanInputs in;
+  in.model = fp::llama_model(fp::llama_shape("llama2-7b"));
+  in.world_size = 16;
+  in.ranks_per_node = 8;
+  in.memory_per_rank_bytes = int64_t{12} * 1000 * 1000 * 1000;  // full_shard only (16P/16 = 6.7 GB)
+  in.step.precision = fp::Precision::kBf16;
+  in.step.seq_len = 1024;
+  in.step.activation_checkpointing = true;
+  in.profile = fp::builtin_profile("h100");
+  const fp::Plan fast = fp::make_plan(in);
+  ASSERT_EQ(fast.recommendation.choice.label(), "full_shard");
+  EXPECT_TRUE(fp::slow_link_notes(in, fast).empty()) << "NVLink and 8 NICs per node hide it";
+  for (auto* l : {&in.profile.all_gather, &in.profile.reduce_scatter, &in.profile.all_reduce}) {
+    l->inter_node.bandwidth_bytes_per_s /= 100;
+  }
+  const fp::Plan slow = fp::make_plan(in);
+  ASSERT_EQ(slow.recommendation.choice.label(), "full_shard");
+  const auto notes = fp::slow_link_notes(in, slow);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("full_shard is bandwidth-bound here"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[0].find("--all-gather-codec int8 --reshard-after-forward host (full_shard(node=8))"),
+            std::string::npos)
+      << notes[0];
+  EXPECT_NE(std::find(slow.notes.begin(), slow.notes.end(), notes[0]), slow.notes.end()) << "in the plan's notes";
+  // Asked with the flags already, it has nothing to add.
+  in.step.all_gather_codec = fsdp::WireCodec::kInt8;
+  in.reshard_after_forward_group_size = -1;
+  EXPECT_TRUE(fp::slow_link_notes(in, fp::make_plan(in)).empty());
 }
