@@ -175,7 +175,11 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
   facts_.strategy = fsdp::to_string(fsdp_options_.strategy);
   facts_.forward_prefetch = fsdp_options_.forward_prefetch;
   facts_.hybrid_shard_group_size = fsdp_options_.hybrid_shard_group_size;
-  facts_.reshard_after_forward_group_size = fsdp_options_.reshard_after_forward_group_size;
+  {  // the effective size: the shard group's own is off (the backward gathers over it anyway)
+    const int g = fsdp_options_.reshard_after_forward_group_size;
+    const int shard = fsdp_options_.hybrid_shard_group_size > 0 ? fsdp_options_.hybrid_shard_group_size : world_;
+    facts_.reshard_after_forward_group_size = g < shard ? g : 0;
+  }
   facts_.bucket_cap_bytes = fsdp_options_.bucket_cap_bytes.value_or(fsdp::kDefaultBucketCapBytes);
   facts_.root_output_fp32 = root_options_.mixed_precision.output_dtype.has_value();
   facts_.micro_batch_size = batch_.micro;

@@ -257,7 +257,9 @@ Plan make_plan(const PlanInputs& given) {
     int64_t g = in.hybrid_shard_group_size;
     if (traits_of(*in.strategy).uses_hybrid_shard_group_size && g == 0) g = (N % rpn == 0 && rpn < N) ? rpn : N;
     const Parallelism par = make_par(in, *in.strategy, N, rpn, g);
-    const int64_t node = in.reshard_after_forward_group_size < 0 ? rpn : in.reshard_after_forward_group_size;
+    // "host" (-1) with a shard group inside one node is off, as fsdp-train's.
+    const int64_t G = par.shard_group_size();
+    const int64_t node = in.reshard_after_forward_group_size < 0 ? (rpn >= G ? 0 : rpn) : in.reshard_after_forward_group_size;
     FSDP_CHECK(node == 0 || par.shard_group_size() % node == 0, ErrorKind::kInvalidArgument, kPlanWhere,
                "reshard_after_forward_group_size ", node, " must divide the shard group size ", par.shard_group_size(),
                " of ", par.label());
@@ -282,14 +284,14 @@ std::vector<std::string> slow_link_notes(const PlanInputs& in, const Plan& plan)
   if (!t.gathers_params || !group_crosses_nodes(par, GroupKind::kShard)) return {};
   StrategyPlan now;
   bool found = false;
-  for (const StrategyPlan& s : plan.strategies) {
-    if (s.parallelism.label() == par.label()) {
-      now = s;
-      found = true;
-    }
-  }
-  if (!found || now.time.step_s <= 0 || now.time.exposed_comm_s < 0.2 * now.time.step_s) return {};
-  PlanInputs faster = in;
+  for (const StrategyPlan& s : plan.strategies) found = found || s.parallelism.label() == par.label();
+  if (!found) return {};
+  // The recommendation's own step (it may add activation checkpointing to the inputs').
+  PlanInputs as_recommended = in;
+  as_recommended.step.activation_checkpointing = in.step.activation_checkpointing || rec.activation_checkpointing;
+  now = plan_strategy(as_recommended, par, plan.usable_bytes);
+  if (now.time.step_s <= 0 || now.time.exposed_comm_s < 0.2 * now.time.step_s) return {};
+  PlanInputs faster = as_recommended;
   Parallelism better = par;
   std::vector<std::string> flags;
   if (in.step.all_gather_codec == fsdp::WireCodec::kNone) {

@@ -1,6 +1,8 @@
 #include "fsdp/planner/setup.h"
 
 #include "fsdp/comm/block_quant.h"
+#include "fsdp/planner/model_spec.h"
+#include "fsdp/shard/layout.h"
 #include "fsdp/common/check.h"
 #include "fsdp/runtime/strategy_traits.h"
 
@@ -99,8 +101,14 @@ std::string Parallelism::label() const {
                : str_cat("hybrid_shard(G=", shard_group_size(), ")");
 }
 
-int64_t all_gather_bytes(const StepSetup& setup, int64_t shard_numel, int64_t shard_group_size) {
-  if (setup.all_gather_codec == fsdp::WireCodec::kInt8) return shard_group_size * comm::int8_payload_bytes(shard_numel);
+int64_t all_gather_bytes(const StepSetup& setup, const UnitSpec& unit, int64_t shard_group_size) {
+  std::vector<int64_t> segments;
+  int64_t shard_numel = 0;
+  for (const auto& p : unit.params) {
+    segments.push_back(fsdp::shard::ParamShardSpec::make(p.shape, shard_group_size).padded_shard_numel());
+    shard_numel += segments.back();
+  }
+  if (setup.all_gather_codec == fsdp::WireCodec::kInt8) return shard_group_size * comm::int8_payload_bytes(segments);
   return shard_group_size * shard_numel * param_bytes_per_elem(setup.precision);
 }
 

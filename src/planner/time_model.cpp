@@ -164,7 +164,7 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
     }
     pack_copy[u] = copy_s((pb + rb) * (ddp ? n.trainable_numel : n.reduce_numel));
     add_copy[u] = copy_s((rb + kMasterBytes) * (ddp ? n.trainable_numel : n.real_trainable_numel));
-    ag[u] = op(K::kAllGather, all_gather_bytes(setup, n.shard_numel, G), shard_x);
+    ag[u] = op(K::kAllGather, all_gather_bytes(setup, model.units[u], G), shard_x);
     if (gn > 0) {
       // The kept shard: written after forward (read + write S_g), gathered, copied into the params.
       const int64_t s_g = unit_numbers(model.units[u], gn, 0).shard_numel;

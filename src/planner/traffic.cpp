@@ -96,7 +96,7 @@ StepTraffic step_traffic(const ModelSpec& model, const Parallelism& par, const S
   };
   const int64_t U = static_cast<int64_t>(model.units.size());
   auto gather = [&](int64_t u) {
-    if (un[u].numel > 0) add(K::kAllGather, GroupKind::kShard, u, all_gather_bytes(setup, un[u].shard_numel, G));
+    if (un[u].numel > 0) add(K::kAllGather, GroupKind::kShard, u, all_gather_bytes(setup, model.units[u], G));
   };
   // hpZ: the backward's gather of a kept node-local shard (param dtype, never int8 encoded).
   const int64_t gn = par.node_group_size();

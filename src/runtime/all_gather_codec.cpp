@@ -28,12 +28,13 @@ class CastAllGatherCodec final : public AllGatherCodec {
 
 class Int8AllGatherCodec final : public AllGatherCodec {
  public:
-  explicit Int8AllGatherCodec(c10::ScalarType param_dtype) : param_dtype_(param_dtype) {}
+  Int8AllGatherCodec(c10::ScalarType param_dtype, std::vector<int64_t> segments)
+      : param_dtype_(param_dtype), segments_(std::move(segments)) {}
 
   AllGatherResult encode(const at::Tensor& master_flat, comm::ProcessGroup& group, const comm::OpTag& tag) override {
     at::NoGradGuard no_grad;
     AllGatherResult r;
-    r.input = comm::int8_block_quantize(master_flat);
+    r.input = comm::int8_block_quantize(master_flat, segments_);
     const auto ctx = comm::CommContext::for_group(group);
     r.output = group.size() == 1 ? r.input : at::empty({group.size() * r.input.numel()}, ctx.buffer_options(at::kByte));
     r.work = group.all_gather_into_tensor(r.output, r.input, tag);
@@ -48,7 +49,8 @@ class Int8AllGatherCodec final : public AllGatherCodec {
     const int64_t S = layout.shard_numel(), world = layout.world_size;
     AllGatherResult decoded;
     decoded.output = at::empty({world, S}, gather.output.options().dtype(param_dtype_));
-    comm::int8_block_dequantize(gather.output.view({world, comm::int8_payload_bytes(S)}), S, decoded.output);
+    comm::int8_block_dequantize(gather.output.view({world, comm::int8_payload_bytes(segments_)}), segments_,
+                                decoded.output);
     gather = AllGatherResult{};  // the payloads go before the params are allocated
     decoded.output = decoded.output.view({world * S});
     copy_out(decoded, params, layout);
@@ -56,19 +58,27 @@ class Int8AllGatherCodec final : public AllGatherCodec {
 
  private:
   c10::ScalarType param_dtype_;
+  std::vector<int64_t> segments_;  // per param, padded_shard_numel: blocks restart at each
 };
 
 }  // namespace
 
-std::unique_ptr<AllGatherCodec> int8_all_gather_codec(c10::ScalarType param_dtype) {
-  return std::make_unique<Int8AllGatherCodec>(param_dtype);
+std::unique_ptr<AllGatherCodec> int8_all_gather_codec(c10::ScalarType param_dtype, std::vector<int64_t> segments) {
+  return std::make_unique<Int8AllGatherCodec>(param_dtype, std::move(segments));
 }
 
-std::unique_ptr<AllGatherCodec> make_all_gather_codec(WireCodec codec, c10::ScalarType param_dtype, bool gathers) {
+std::vector<int64_t> shard_segments(const shard::FlatLayout& layout) {
+  std::vector<int64_t> segments;
+  for (const auto& p : layout.params) segments.push_back(p.padded_shard_numel());
+  return segments;
+}
+
+std::unique_ptr<AllGatherCodec> make_all_gather_codec(WireCodec codec, c10::ScalarType param_dtype, bool gathers,
+                                                      const shard::FlatLayout& layout) {
   if (codec == WireCodec::kNone) return cast_all_gather_codec(param_dtype, gathers);
   FSDP_CHECK(gathers, ErrorKind::kInvalidArgument, (ErrorContext{-1, "", "make_all_gather_codec"}),
              "all_gather_codec ", to_string(codec), " needs a strategy that all-gathers params");
-  return int8_all_gather_codec(param_dtype);
+  return int8_all_gather_codec(param_dtype, shard_segments(layout));
 }
 
 std::unique_ptr<AllGatherCodec> cast_all_gather_codec(c10::ScalarType param_dtype, bool gathers) {

@@ -41,16 +41,21 @@ class AllGatherCodec {
 /// otherwise (local_cast: no_shard with a param_dtype); decode is copy_out.
 std::unique_ptr<AllGatherCodec> cast_all_gather_codec(c10::ScalarType param_dtype, bool gathers);
 
-/// The int8 codec (WireCodec::kInt8): encode quantises this rank's master shard
-/// (comm::int8_block_quantize over the S elements, padding rows included) and all-gathers the
-/// payloads (uint8, world x comm::int8_payload_bytes(S)); decode dequantises every rank's block
-/// into a (world, S) param_dtype buffer, one block at a time, then copies the params out of it as
+/// The int8 codec (WireCodec::kInt8): encode quantises this rank's master shard, padding
+/// included, with blocks restarting at every param (comm::int8_block_quantize over `segments`:
+/// the layout's padded_shard_numel per param, in order) and all-gathers the payloads (uint8,
+/// world x comm::int8_payload_bytes(segments)); decode dequantises every rank's block into a
+/// (world, S) param_dtype buffer, one block at a time, then copies the params out of it as
 /// copy_out does. At world 1 the payload is decoded locally (the same values as at any world size).
-std::unique_ptr<AllGatherCodec> int8_all_gather_codec(c10::ScalarType param_dtype);
+std::unique_ptr<AllGatherCodec> int8_all_gather_codec(c10::ScalarType param_dtype, std::vector<int64_t> segments);
+
+/// The segments of a unit's flat shard: each param's padded_shard_numel, in layout order.
+std::vector<int64_t> shard_segments(const shard::FlatLayout& layout);
 
 /// The codec of FullyShardOptions::all_gather_codec: cast_all_gather_codec for kNone,
-/// int8_all_gather_codec for kInt8 (which needs `gathers`: fsdp::Error otherwise, already refused
-/// by validated_shard_size).
-std::unique_ptr<AllGatherCodec> make_all_gather_codec(WireCodec codec, c10::ScalarType param_dtype, bool gathers);
+/// int8_all_gather_codec over the layout's segments for kInt8 (which needs `gathers`: fsdp::Error
+/// otherwise, already refused by validated_shard_size).
+std::unique_ptr<AllGatherCodec> make_all_gather_codec(WireCodec codec, c10::ScalarType param_dtype, bool gathers,
+                                                      const shard::FlatLayout& layout);
 
 }  // namespace fsdp::detail

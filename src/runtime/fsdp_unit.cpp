@@ -90,11 +90,12 @@ FSDPUnit::FSDPUnit(std::shared_ptr<torch::nn::Module> module, std::string name,
   if (node_size > 0 && node_size < shard_size && !params_.empty()) {
     std::vector<std::vector<int64_t>> shapes;
     for (const auto& p : params_) shapes.push_back(p.shape);
-    node_shard_ = std::make_unique<detail::NodeShard>(sub_groups.get(shard_group_, node_size).shard, shapes,
+    node_shard_ = std::make_unique<detail::NodeShard>(sub_groups.blocks(shard_group_, node_size), shapes,
                                                       param_dtype_, sharded_flat_.device());
   }
   // The unit's two seams, chosen once from its traits row ([Note: master and gather shards]).
-  gather_codec_ = detail::make_all_gather_codec(options_.all_gather_codec, param_dtype_, traits_->gathers_params);
+  gather_codec_ =
+      detail::make_all_gather_codec(options_.all_gather_codec, param_dtype_, traits_->gathers_params, gather_layout_);
   detail::GradientSyncArgs sync;
   sync.params = &params_;
   sync.shard_group = shard_group_;

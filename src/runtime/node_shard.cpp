@@ -15,7 +15,7 @@ int64_t NodeShard::keep(const std::vector<FSDPParam>& params, int64_t pass) {
   for (size_t i = 0; i < params.size(); ++i) {
     const shard::ParamShardSpec& s = layout_.params[i];
     const int64_t rows = s.real_rows(j);
-    if (rows == 0) continue;
+    if (rows == 0 || s.row_numel == 0) continue;
     shard_.narrow(0, layout_.offsets[i], rows * s.row_numel)
         .view({rows, s.row_numel})
         .copy_(params[i].module_param.detach().reshape({s.dim0, s.row_numel}).narrow(0, s.row_offset(j), rows));
@@ -42,6 +42,7 @@ void NodeShard::copy_out(AllGatherResult& gather, std::vector<FSDPParam>& params
   for (size_t i = 0; i < params.size(); ++i) {
     const shard::ParamShardSpec& s = layout_.params[i];
     params[i].alloc_unsharded();
+    if (s.numel() == 0) continue;  // no rows, or rows of no element
     at::Tensor rows_out = params[i].unsharded_padded.view({-1, s.row_numel});
     for (int64_t r = 0; r < g; ++r) {
       const int64_t rows = s.real_rows(r);

@@ -29,6 +29,9 @@ void Scheduler::begin_forward(const ErrorContext& where, bool grad_enabled) {
   abandon_pending_pass(/*failed_here=*/false);
   pass_abandoned_ = false;
   in_forward_ = true;
+  // [Note: node-local reshard] A new forward of the tree: shards kept by an earlier one (whose
+  // backward never came for them) hold rows the optimizer may have changed since.
+  for (const auto& u : units()) u->drop_node_shard();
   if (grad_enabled) ++forward_pass_;
   forward_with_grad_ = grad_enabled;
   forward_order_.clear();
@@ -72,7 +75,8 @@ void Scheduler::end_forward(bool grad_enabled) {
 comm::AbandonResult Scheduler::abandon_collectives(comm::AbandonedPass::Kind kind, const char* otherwise) noexcept {
   std::vector<comm::ProcessGroup*> groups;
   for (const auto& u : units()) {
-    for (const auto* g : {&u->group(), &u->shard_group(), &u->replicate_group()}) {
+    const comm::ProcessGroupPtr node = u->node_group();  // [Note: node-local reshard]
+    for (const auto* g : {&u->group(), &u->shard_group(), &u->replicate_group(), &node}) {
       if (*g && std::find(groups.begin(), groups.end(), g->get()) == groups.end()) groups.push_back(g->get());
     }
   }

@@ -106,4 +106,22 @@ UnitGroups SubGroupCache::get(const comm::ProcessGroupPtr& group, int shard_size
   return {shard, replicate};
 }
 
+comm::ProcessGroupPtr SubGroupCache::blocks(const comm::ProcessGroupPtr& group, int size) {
+  if (size == group->size()) return group;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    block_entries_.erase(std::remove_if(block_entries_.begin(), block_entries_.end(),
+                                        [](const BlockEntry& e) { return e.parent.expired() || e.blocks.expired(); }),
+                         block_entries_.end());
+    for (const auto& e : block_entries_) {
+      if (e.size != size || e.parent.lock() != group) continue;
+      if (auto b = e.blocks.lock()) return b;
+    }
+  }
+  comm::ProcessGroupPtr b = group->split_blocks(size, /*strided=*/false);
+  std::lock_guard<std::mutex> lock(mu_);
+  block_entries_.push_back({group, b, size});
+  return b;
+}
+
 }  // namespace fsdp::detail

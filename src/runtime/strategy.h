@@ -46,14 +46,23 @@ class SubGroupCache {
   /// Collective over group when the pair is not cached yet (all ranks of group call it in the same
   /// order). shard_size == group size: {group, null}; 1: {this rank alone, group}.
   UnitGroups get(const comm::ProcessGroupPtr& group, int shard_size);
+  /// The group of `size` consecutive ranks of `group` holding this rank (a node-local group,
+  /// [Note: node-local reshard]), without a replica split; cached per (group, size) apart from
+  /// get()'s pairs. Collective over group when not cached yet. size == group size: group.
+  comm::ProcessGroupPtr blocks(const comm::ProcessGroupPtr& group, int size);
 
  private:
   struct Entry {
     std::weak_ptr<comm::ProcessGroup> parent, shard, replicate;
     int shard_size;
   };
+  struct BlockEntry {
+    std::weak_ptr<comm::ProcessGroup> parent, blocks;
+    int size;
+  };
   std::mutex mu_;
   std::vector<Entry> entries_;
+  std::vector<BlockEntry> block_entries_;
 };
 
 }  // namespace fsdp::detail

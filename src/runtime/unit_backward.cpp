@@ -74,6 +74,7 @@ void FSDPUnit::post_backward() {
 void FSDPUnit::end_of_backward() {
   if (buffer_cast_ && buffer_cast_->active()) buffer_cast_->restore();
   reshard();
+  drop_node_shard();  // kept for a backward that did not reach this unit (e.g. frozen inputs)
 }
 
 void FSDPUnit::finish_reduce_scatter() {

@@ -109,9 +109,11 @@ std::vector<at::Tensor> FSDPUnit::post_forward(std::vector<at::Tensor> outputs) 
   // A recomputed use keeps its params: its nested backward follows at once.
   const bool recomputing = detail::replaying_region() != nullptr;
   if (!grad || (reshard_after_forward() && !is_root() && !recomputing)) {
-    // [Note: node-local reshard] What the backward will gather over the node-local group: the
-    // rows this forward computed with.
-    if (grad && node_shard_ && sharded_state_ == ShardedState::kUnsharded && !params_.empty()) {
+    // [Note: node-local reshard] What the backward (or the recompute of a checkpointed region,
+    // whose first forward runs without grad) will gather over the node-local group: the rows this
+    // forward computed with.
+    const bool backward_follows = grad || detail::recording_region() != nullptr;
+    if (backward_follows && node_shard_ && sharded_state_ == ShardedState::kUnsharded && !params_.empty()) {
       drop_node_shard();  // a unit called twice in one forward keeps its last use's rows
       scheduler_->on_unsharded(node_shard_->keep(params_, scheduler_->forward_pass()));
     }

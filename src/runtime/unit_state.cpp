@@ -29,8 +29,9 @@ void FSDPUnit::unshard_async(const char* phase) {
     // recomputed forward inside it) gathers over the node-local group. A shard from an earlier
     // pass is stale (the optimizer may have stepped since): dropped, and the shard group gathers.
     if (scheduler_ && node_shard_->held_for(scheduler_->forward_pass())) {
-      scheduler_->on_resharded(node_shard_->bytes());  // moves into the gather's input
+      const int64_t bytes = node_shard_->bytes();
       gather_ = std::make_unique<detail::AllGatherResult>(node_shard_->gather(tag(phase)));
+      scheduler_->on_resharded(bytes);  // moved into the gather's input
       gather_from_node_ = true;
       sharded_state_ = ShardedState::kUnsharding;
       return;

@@ -6,6 +6,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include "fsdp/runtime/activation_checkpoint.h"
 #include "fsdp/runtime/fully_shard.h"
 
 namespace fsdp_test {
@@ -48,10 +49,11 @@ struct ChainImpl : torch::nn::Module {
     }
   }
   at::Tensor forward(at::Tensor x) {
-    for (auto& l : layers) x = fsdp::call(l, x);
+    for (auto& l : layers) x = checkpoint_layers ? fsdp::call_checkpointed(l, x) : fsdp::call(l, x);
     return x;
   }
   std::vector<torch::nn::Linear> layers;
+  bool checkpoint_layers = false;  ///< each layer through fsdp::call_checkpointed
 };
 TORCH_MODULE(Chain);
 

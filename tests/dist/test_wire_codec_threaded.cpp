@@ -40,9 +40,11 @@ std::vector<at::Tensor> decoded_unit(const torch::nn::Linear& l, int64_t g, int6
   }
   at::Tensor decoded = at::empty({g, S});
   std::vector<at::Tensor> payloads;
-  for (int64_t r = 0; r < g; ++r) payloads.push_back(fsdp::comm::int8_block_quantize(blocks[r]));
-  fsdp::comm::int8_block_dequantize(at::stack(payloads), S, decoded);
-  *payload_bytes = fsdp::comm::int8_payload_bytes(S);
+  // Blocks restart at every param: the weight's padded shard, then the bias's.
+  const std::vector<int64_t> segments{layout.params[0].padded_shard_numel(), layout.params[1].padded_shard_numel()};
+  for (int64_t r = 0; r < g; ++r) payloads.push_back(fsdp::comm::int8_block_quantize(blocks[r], segments));
+  fsdp::comm::int8_block_dequantize(at::stack(payloads), segments, decoded);
+  *payload_bytes = fsdp::comm::int8_payload_bytes(segments);
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < full.size(); ++i) {
     const auto& spec = layout.params[i];

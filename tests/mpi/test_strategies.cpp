@@ -210,8 +210,9 @@ TEST(Strategies, CollectiveCountsAndBytesPerStep) {
       // and 40 x 96 + 40, padded to G rows).
       int64_t per_pass = 0;
       for (const auto& u : spec.units) {
-        const int64_t S = fp::unit_numbers(u, G, 0).shard_numel;
-        if (S > 0) per_pass += G * fsdp::comm::int8_payload_bytes(S);
+        std::vector<int64_t> segments;  // weight, bias: blocks restart at each
+        for (const auto& p : u.params) segments.push_back(fsdp::shard::ParamShardSpec::make(p.shape, G).padded_shard_numel());
+        if (!segments.empty()) per_pass += G * fsdp::comm::int8_payload_bytes(segments);
       }
       const int64_t passes = fsdp::traits_of(s).reshard_after_forward ? 2 : 1;
       EXPECT_EQ(want.ag_bytes, passes * per_pass);

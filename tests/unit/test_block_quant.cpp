@@ -88,6 +88,28 @@ TEST(BlockQuant, ZeroBlocksStayZeroAndNonFiniteBlocksStayNonFinite) {
   EXPECT_TRUE(b.narrow(0, kInt8BlockNumel, kInt8BlockNumel).isfinite().all().item<bool>());
 }
 
+TEST(BlockQuant, BlocksRestartAtEverySegment) {
+  // A segment of 100 values near 1 (a LayerNorm gain) then one of 300 near 0.01 (weights): each
+  // block's step is its own segment's, so the small values keep 1/254 of their own scale.
+  at::Tensor gain = 1 + 0.01 * at::randn({100}), small = 0.01 * at::randn({300});
+  const at::Tensor x = at::cat({gain, small});
+  const std::vector<int64_t> segments{100, 300};
+  EXPECT_EQ(fsdp::comm::int8_block_count(segments), 1 + 2);
+  EXPECT_EQ(fsdp::comm::int8_payload_bytes(segments), 4 * 3 + 400);
+  const at::Tensor payload = int8_block_quantize(x, segments);
+  ASSERT_EQ(payload.numel(), 4 * 3 + 400);
+  at::Tensor out = at::empty({1, 400});
+  int8_block_dequantize(payload.unsqueeze(0), segments, out);
+  const at::Tensor err = (out[0] - x).abs();
+  EXPECT_LE(err.narrow(0, 100, 256).max().item<double>(), small.narrow(0, 0, 256).abs().max().item<double>() / 254 * (1 + 1e-6));
+  EXPECT_LE(err.narrow(0, 356, 44).max().item<double>(), small.narrow(0, 256, 44).abs().max().item<double>() / 254 * (1 + 1e-6));
+  // One segment over all 400: the first block mixes both, and the small values lose most of their digits.
+  at::Tensor whole = at::empty({1, 400});
+  int8_block_dequantize(int8_block_quantize(x).unsqueeze(0), 400, whole);
+  EXPECT_GT((whole[0] - x).abs().narrow(0, 100, 156).max().item<double>(), 10 * err.narrow(0, 100, 156).max().item<double>());
+  EXPECT_THROW(int8_block_quantize(x, {100, 299}), c10::Error);
+}
+
 TEST(BlockQuant, RowsDecodeIndependentlyAndShapesAreChecked) {
   // Two payloads laid end to end (an all-gather's output) decode as each alone.
   const at::Tensor x0 = mixed_magnitudes(300, at::kFloat), x1 = -3 * x0.flip(0);

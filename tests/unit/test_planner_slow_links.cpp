@@ -12,6 +12,7 @@
 #include "fsdp/planner/profile.h"
 #include "fsdp/planner/time_model.h"
 #include "fsdp/planner/traffic.h"
+#include "fsdp/shard/layout.h"
 #include "planner_test_helpers.h"
 
 namespace fp = fsdp::planner;
@@ -31,9 +32,11 @@ TEST(PlannerSlowLinks, Int8AllGathersCarryThePayloadsOnly) {
         EXPECT_EQ(b.calls[i].logical_bytes, a.calls[i].logical_bytes) << "only all-gathers change";
         continue;
       }
-      const int64_t S_u = fp::unit_numbers(m.units[a.calls[i].unit], 2, 0).shard_numel;
-      EXPECT_EQ(a.calls[i].logical_bytes, 2 * 4 * S_u);
-      want += 2 * fsdp::comm::int8_payload_bytes(S_u);
+      const fp::UnitSpec& u = m.units[a.calls[i].unit];
+      EXPECT_EQ(a.calls[i].logical_bytes, 2 * 4 * fp::unit_numbers(u, 2, 0).shard_numel);
+      std::vector<int64_t> segments;  // blocks restart at every param's padded shard
+      for (const auto& p : u.params) segments.push_back(fsdp::shard::ParamShardSpec::make(p.shape, 2).padded_shard_numel());
+      want += 2 * fsdp::comm::int8_payload_bytes(segments);
     }
     EXPECT_EQ(b.all_gather.logical_bytes, want) << fsdp::to_string(s);
     EXPECT_EQ(b.all_gather.calls, a.all_gather.calls);
@@ -96,6 +99,16 @@ TEST(PlannerSlowLinks, NodeLocalReshardIsRefusedWhereItCannotApply) {
   EXPECT_NO_THROW(p.validate());
   EXPECT_EQ(p.node_group_size(), 0) << "the whole shard group: nothing kept";
   EXPECT_EQ(p.label(), "full_shard");
+  // "host" (-1) where the shard group lies inside a node (4 ranks, 8 per node): off, as fsdp-train's.
+  fp::PlanInputs in;
+  in.model = fp::gpt_model(fp::gpt_shape("micro", 8192));
+  in.world_size = 4;
+  in.strategy = S::kFullShard;
+  in.reshard_after_forward_group_size = -1;
+  in.profile = fp::builtin_profile("h100");
+  EXPECT_EQ(fp::make_plan(in).strategies.at(0).parallelism.label(), "full_shard");
+  in.reshard_after_forward_group_size = 3;
+  EXPECT_THROW(fp::make_plan(in), fsdp::Error);
 }
 
 // A plan bandwidth-bound on slow links between nodes (h100's inter-node links at 1/100) says which

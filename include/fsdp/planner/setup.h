@@ -22,10 +22,12 @@ int64_t param_bytes_per_elem(Precision p);
 int64_t reduce_bytes_per_elem(Precision p);
 
 struct StepSetup;
+struct UnitSpec;
 /// Logical bytes of one unit's all-gather (its output) over a shard group of `shard_group_size`
-/// ranks, each contributing `shard_numel` elements: G x S x param bytes, or with the int8 codec
-/// G x comm::int8_payload_bytes(S) (the engine's CommStats count exactly this).
-int64_t all_gather_bytes(const StepSetup& setup, int64_t shard_numel, int64_t shard_group_size);
+/// ranks, each contributing its padded shard of every param (S elements): G x S x param bytes, or
+/// with the int8 codec G x comm::int8_payload_bytes(the params' padded shards) (blocks restart at
+/// every param; the engine's CommStats count exactly this).
+int64_t all_gather_bytes(const StepSetup& setup, const UnitSpec& unit, int64_t shard_group_size);
 
 /// The optimizer, for its state per trainable element (the engine's optimizer-state adapter).
 enum class OptimizerKind {

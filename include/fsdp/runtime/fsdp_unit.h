@@ -120,6 +120,9 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   /// The node-local group of reshard_after_forward_group_size, or nullptr when the unit keeps no
   /// node-local shard.
   comm::ProcessGroupPtr node_group() const;
+  /// Frees the node-local shard kept by a forward (no-op when none). Not collective: every rank
+  /// calls it at the same points of the program (a new forward of the tree, the end of backward).
+  void drop_node_shard() noexcept;
   /// The shards were written outside the unit's own steps (a state dict or checkpoint load):
   /// drops any unsharded copy, so the next use all-gathers the current rows. Waits for an
   /// all-gather in flight; zero1's persistent full params are kept but marked stale. Not
@@ -233,7 +236,6 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   // is below the shard group size; gather_from_node_ while gather_ is its all-gather.
   std::unique_ptr<detail::NodeShard> node_shard_;
   bool gather_from_node_ = false;
-  void drop_node_shard() noexcept;
   int64_t forward_index_ = 0;
   std::unique_ptr<detail::AllGatherResult> gather_;
   std::unique_ptr<detail::GradientSync> grad_sync_;  // chosen once from traits_->grad_sync
