@@ -130,15 +130,7 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
                  "the ranks per node) from forward to backward, whose all-gathers then stay there (as "
                  "fsdp-train's --reshard-after-forward); with --strategy all, applied where it divides the "
                  "shard group")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            if (v == "host") return "";
-            if (!v.empty() && v.size() < 9 && v.find_first_not_of("0123456789") == std::string::npos && std::stoi(v) > 0) {
-              return "";
-            }
-            return "expected a positive integer or host, got '" + v + "'";
-          },
-          "INT|host"))
+      ->check(apps::train::ranks_or_host(/*zero_allowed=*/false))
       ->group("Parallelism");
 
   app.add_option("--global-batch-size", f.global_batch_size,

@@ -125,13 +125,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
                  "size; 0 = all ranks (then hybrid_shard equals full_shard); host = one shard "
                  "group per host (every host must hold the same number of consecutive ranks). "
                  "Default 0, or FSDP_HYBRID_SHARD_GROUP_SIZE; an error with another strategy")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            if (v == "host") return "";
-            if (!v.empty() && v.size() < 9 && v.find_first_not_of("0123456789") == std::string::npos) return "";
-            return "expected a non-negative integer or host, got '" + v + "'";
-          },
-          "INT|host"))
+      ->check(ranks_or_host(/*zero_allowed=*/true))
       ->envname("FSDP_HYBRID_SHARD_GROUP_SIZE")->group("Parallelism");
   app.add_option("--all-gather-codec", c.all_gather_codec,
                  "What the params are on the wire of the all-gathers: none (param dtype, exact) or "
@@ -146,15 +140,7 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
                  "the backward's params from them only (ZeRO++'s hpZ): the backward's all-gathers stay "
                  "inside the host, for 1/N of the params per rank held from forward to backward. Default "
                  "off, or FSDP_RESHARD_AFTER_FORWARD; an error with another strategy")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            if (v == "host") return "";
-            if (!v.empty() && v.size() < 9 && v.find_first_not_of("0123456789") == std::string::npos && std::stoi(v) > 0) {
-              return "";
-            }
-            return "expected a positive integer or host, got '" + v + "'";
-          },
-          "INT|host"))
+      ->check(ranks_or_host(/*zero_allowed=*/false))
       ->envname("FSDP_RESHARD_AFTER_FORWARD")->group("Parallelism");
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb,
                  "no_shard: gradient all-reduce bucket size in MiB (issued during backward). "

@@ -60,6 +60,19 @@ CLI::Validator int_in(int64_t lo, int64_t hi) {
       "in " + range);
 }
 
+CLI::Validator ranks_or_host(bool zero_allowed) {
+  return CLI::Validator(
+      [zero_allowed](std::string& v) -> std::string {
+        if (v == "host") return std::string();
+        if (!v.empty() && v.size() < 9 && v.find_first_not_of("0123456789") == std::string::npos &&
+            (zero_allowed || std::stoi(v) > 0)) {
+          return std::string();
+        }
+        return std::string("expected a ") + (zero_allowed ? "non-negative" : "positive") + " integer or host, got '" + v + "'";
+      },
+      "INT|host");
+}
+
 CLI::Validator boolean_word() {
   return CLI::Validator(
       [](std::string& s) -> std::string {

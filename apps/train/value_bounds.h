@@ -30,6 +30,11 @@ void add_lora_flags(CLI::App& app, int64_t* rank, std::string* targets, const st
 /// "'VALUE' is not true or false (...)" instead of CLI11's "Could not convert".
 CLI::Validator boolean_word();
 
+/// A number of ranks or "host" (the ranks of each host, resolved from the process group's host
+/// layout): "host", or a decimal integer of at most 8 digits, >= 1 (>= 0 when `zero_allowed`).
+/// Rejects other text with "expected a positive (non-negative) integer or host, got 'VALUE'".
+CLI::Validator ranks_or_host(bool zero_allowed);
+
 /// A --backend value as the library's registry has it (fsdp::comm::world_backends): "auto" or a
 /// backend this build has. Rejects a known backend this build lacks with the line saying so
 /// ("backend 'nccl' is not in this build (it needs a CUDA build ...)"), an unknown name with the
