@@ -128,9 +128,9 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
   app.add_option("--reshard-after-forward", f.reshard_after_forward,
                  "full_shard, hybrid_shard: keep each unit's params sharded over this many ranks (or host: "
                  "the ranks per node) from forward to backward, whose all-gathers then stay there (as "
-                 "fsdp-train's --reshard-after-forward); with --strategy all, applied where it divides the "
-                 "shard group")
-      ->check(apps::train::ranks_or_host(/*zero_allowed=*/false))
+                 "fsdp-train's --reshard-after-forward; 0 = off); with --strategy all, applied where it "
+                 "divides the shard group (labels say node=g)")
+      ->check(apps::train::ranks_or_host(/*zero_allowed=*/true))
       ->group("Parallelism");
 
   app.add_option("--global-batch-size", f.global_batch_size,
@@ -314,7 +314,7 @@ fp::PlanInputs resolve_inputs(const PlanFlags& f) {
     throw UsageError("--all-gather-codec " + f.all_gather_codec +
                      " applies to strategies that all-gather params, not no_shard (every rank keeps every param)");
   }
-  if (f.reshard_after_forward) {
+  if (f.reshard_after_forward && *f.reshard_after_forward != "0") {  // 0: off
     if (f.strategy != "all" && f.strategy != "full_shard" && f.strategy != "hybrid_shard") {
       throw UsageError("--reshard-after-forward " + *f.reshard_after_forward +
                        " applies to --strategy full_shard or hybrid_shard, not " + f.strategy +

@@ -219,6 +219,9 @@ def wire_codecs(bin_path):
     check(exact["no_shard"]["traffic"] == int8["no_shard"]["traffic"], "no_shard gathers nothing to encode")
     # --reshard-after-forward host (2 ranks per node of 4): full_shard's backward gathers go to the
     # node group, the same bytes over 2 ranks; applied where it divides the shard group only.
+    hpz_doc = json.loads(plan(bin_path, *base, "--all-gather-codec", "int8", "--reshard-after-forward", "host").stdout)
+    check(hpz_doc["inputs"]["all_gather_codec"] == "int8" and hpz_doc["inputs"]["reshard_after_forward_group_size"] == -1,
+          f"the options are in the JSON's inputs: {hpz_doc['inputs']}")
     hpz = by_strategy(json.loads(plan(bin_path, *base, "--reshard-after-forward", "host").stdout))
     check("full_shard(node=2)" in hpz and "full_shard" not in hpz and "hybrid_shard(G=2)" in hpz
           and hpz["full_shard(node=2)"]["reshard_after_forward_group_size"] == 2,
@@ -418,6 +421,9 @@ def dry_run_vocab(bin_path, train_bin):
     check(n == doc["model"]["num_params"], f"--vocab-size 8192: {n} params, fsdp-plan {doc['model']['num_params']}")
     want = doc["strategies"][0]["model_state"]["sharded_param_bytes"]
     check(shard_bytes == want, f"--vocab-size 8192: params {shard_bytes} bytes per rank, fsdp-plan {want}")
+    # The slow-link options wrap the model as training does (the int8 codec on meta tensors too).
+    n_int8, shard_int8 = dry("--vocab-size", "8192", "--all-gather-codec", "int8", "--reshard-after-forward", "2")
+    check((n_int8, shard_int8) == (n, shard_bytes), f"dry run with the slow-link options: {n_int8}, {shard_int8}")
 
 
 def main():

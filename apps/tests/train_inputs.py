@@ -177,7 +177,7 @@ def test_flags(opts, tmp):
     for args, says in ((["--strategy", "shard_grad_op", "--reshard-after-forward", "1"],
                         "--reshard-after-forward 1 applies to --strategy full_shard or hybrid_shard, not shard_grad_op"),
                        (["--reshard-after-forward", "3"], "--reshard-after-forward 3 must divide the shard group size 2"),
-                       (["--reshard-after-forward", "0"], "expected a positive integer or host, got '0'")):
+                       (["--reshard-after-forward", "-1"], "expected a non-negative integer or host, got '-1'")):
         expect_error(run(["--steps", "2", "--metrics", m] + args, 2, opts), 2, says)
         check(not events(m, "step"), "%s: refused before step 1" % args)
     missing = os.path.join(tmp, "missing")

@@ -154,7 +154,7 @@ fsdp::FullyShardOptions resolve_fsdp_options(const TrainConfig& c, const fsdp::c
                      " applies to strategies that all-gather params, not " + c.strategy +
                      " (every rank keeps every param)");
   }
-  if (c.reshard_after_forward) {
+  if (c.reshard_after_forward && *c.reshard_after_forward != "0") {  // 0: off (e.g. over an environment default)
     const std::string& v = *c.reshard_after_forward;
     if (!fsdp::traits_of(o.strategy).reshard_after_forward) {
       throw UsageError("--reshard-after-forward " + v + " applies to --strategy full_shard or hybrid_shard, not " +
@@ -171,6 +171,8 @@ fsdp::FullyShardOptions resolve_fsdp_options(const TrainConfig& c, const fsdp::c
       g = std::stoi(v);
     }
     const int shard = o.hybrid_shard_group_size > 0 ? o.hybrid_shard_group_size : group.size();
+    // A shard group inside one host already gathers there: "host" is then off (fsdp-plan's rule).
+    if (v == "host" && g >= shard) g = shard;
     if (shard % g != 0) {
       throw UsageError("--reshard-after-forward " + v + (v == "host" ? " (" + std::to_string(g) + " ranks per host)" : "") +
                        " must divide the shard group size " + std::to_string(shard));

@@ -138,9 +138,11 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
                  "many consecutive ranks (a number dividing the shard group size), or host (the ranks of "
                  "each host; every host must hold the same number of consecutive ranks), and all-gather "
                  "the backward's params from them only (ZeRO++'s hpZ): the backward's all-gathers stay "
-                 "inside the host, for 1/N of the params per rank held from forward to backward. Default "
-                 "off, or FSDP_RESHARD_AFTER_FORWARD; an error with another strategy")
-      ->check(ranks_or_host(/*zero_allowed=*/false))
+                 "inside the host, for 1/g of each unit's params per rank held from forward to backward "
+                 "(g: that many ranks). host where the shard group lies inside one host, or the shard "
+                 "group's own size: nothing to do (off). 0 = off (default, or FSDP_RESHARD_AFTER_FORWARD); "
+                 "an error with another strategy")
+      ->check(ranks_or_host(/*zero_allowed=*/true))
       ->envname("FSDP_RESHARD_AFTER_FORWARD")->group("Parallelism");
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb,
                  "no_shard: gradient all-reduce bucket size in MiB (issued during backward). "

@@ -55,7 +55,8 @@ struct TrainConfig {
   /// error).
   std::string all_gather_codec = "none";
   /// FullyShardOptions::reshard_after_forward_group_size of every unit: a number of ranks, or
-  /// "host" (the ranks of each host, resolved from the process group's host layout); unset: off.
+  /// "host" (the ranks of each host, resolved from the process group's host layout); unset or
+  /// "0": off.
   /// Only with strategies that reshard after forward (full_shard, hybrid_shard): a usage error else.
   std::optional<std::string> reshard_after_forward;
   /// Recompute each block's activations in backward instead of keeping them

@@ -64,6 +64,7 @@ at::Tensor int8_block_quantize(const at::Tensor& flat, const std::vector<int64_t
   TORCH_CHECK(total_numel(segments) == numel, "int8_block_quantize: segments sum to ", total_numel(segments),
               " elements, the tensor holds ", numel);
   at::NoGradGuard no_grad;
+  if (flat.is_meta()) return at::empty({int8_payload_bytes(segments)}, flat.options().dtype(at::kByte));  // a dry run
   at::Tensor payload = at::zeros({int8_payload_bytes(segments)}, flat.options().dtype(at::kByte));
   if (numel == 0) return payload;
   at::Tensor q = flat.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);  // (numel) float32, ours
@@ -94,7 +95,7 @@ void int8_block_dequantize(const at::Tensor& payloads, const std::vector<int64_t
               "int8_block_dequantize: expected out (", payloads.size(0), ", ", numel, ") floating point, got ",
               out.sizes(), " ", out.scalar_type());
   at::NoGradGuard no_grad;
-  if (numel == 0) return;
+  if (numel == 0 || payloads.is_meta() || out.is_meta()) return;  // a dry run: sizes only
   const at::Tensor scales = scales_of(payloads, blocks), values = values_of(payloads, blocks, numel);
   // One row at a time: a float32 row is the only temporary (x' rounded once into out's dtype).
   at::Tensor row = at::empty({numel}, out.options().dtype(at::kFloat));

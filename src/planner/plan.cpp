@@ -87,8 +87,10 @@ const StrategyPlan* choose(const std::vector<StrategyPlan>& all, const std::stri
   const StrategyPlan& fs = all.back();
   if (ddp.fits) {
     *reason = "no_shard (DDP) fits: peak " + gb(ddp.peak.peak_bytes) + " of " + usable_text +
-              ". It needs no all-gathers and moves the least data (" + gb(ddp.traffic.wire_bytes()) +
-              " sent per rank per step; full_shard " + gb(fs.traffic.wire_bytes()) + "), est. " +
+              ". It needs no all-gathers" +
+              (ddp.traffic.wire_bytes() <= fs.traffic.wire_bytes() ? " and moves the least data (" : " (") +
+              gb(ddp.traffic.wire_bytes()) + " sent per rank per step; full_shard " + gb(fs.traffic.wire_bytes()) +
+              "), est. " +
               seconds(ddp.time.step_s) + " per step";
     return &ddp;
   }

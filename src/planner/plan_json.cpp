@@ -103,6 +103,8 @@ std::string plan_to_json(const Plan& plan) {
                  {"global_batch_size", in.world_size * st.accumulation_steps * st.micro_batch_size},
                  {"tokens_per_step", in.world_size * st.accumulation_steps * st.micro_batch_size * st.seq_len},
                  {"activation_checkpointing", st.activation_checkpointing},
+                 {"all_gather_codec", fsdp::to_string(st.all_gather_codec)},
+                 {"reshard_after_forward_group_size", in.reshard_after_forward_group_size},
                  {"checkpoint_every", st.checkpoint_every},
                  {"forward_prefetch", st.forward_prefetch},
                  {"backward_prefetch", st.backward_prefetch},

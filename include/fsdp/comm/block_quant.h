@@ -39,7 +39,8 @@ constexpr int64_t int8_payload_bytes(int64_t numel) { return 4 * int8_block_coun
 /// s_b = max|x| / 127 over the block and each value is q = round(x / s_b) in [-127, 127] (q = 0 in
 /// an all-zero block). A block holding a NaN or an infinity gets a non-finite scale, so it decodes
 /// to non-finite values (the step's non-finite check sees them). Throws c10::Error for a tensor
-/// that is not 1-D floating point, or segments that do not sum to its numel or are negative.
+/// that is not 1-D floating point, or segments that do not sum to its numel or are negative. On the
+/// meta device (a dry run) only the payload's size is made.
 at::Tensor int8_block_quantize(const at::Tensor& flat, const std::vector<int64_t>& segments);
 /// One segment: int8_block_quantize(flat, {flat.numel()}).
 at::Tensor int8_block_quantize(const at::Tensor& flat);
