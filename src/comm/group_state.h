@@ -62,6 +62,7 @@ struct Op {
   std::function<void()> fn;  // moves the data through the backend (blocking)
   std::shared_ptr<Work> work;
   WorkPtr after;  // the op starts once this has completed (null: at once)
+  std::function<void()> before;  // run once `after` completed, ahead of the check and deadline
   std::shared_ptr<MarkerOutcome> marker_outcome;  // an abandon marker's verdict
 };
 

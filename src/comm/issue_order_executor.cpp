@@ -65,6 +65,17 @@ void IssueOrderExecutor::run(Op& op) {
     }
     op.after.reset();
   }
+  // [Note: chained ops] The op's own preparation, outside its deadline. Its failure fails this
+  // rank's op once the op has run with the peers, so that none of them waits for this rank.
+  std::exception_ptr before_err;
+  if (op.before) {
+    try {
+      op.before();
+    } catch (...) {
+      before_err = std::current_exception();
+    }
+    op.before = nullptr;
+  }
   const double t0 = now_s();
   group_.recorder().mark_running(op.record_id, t0);
   std::exception_ptr err;
@@ -122,6 +133,16 @@ void IssueOrderExecutor::run(Op& op) {
   } catch (...) {
     err = std::current_exception();
     failure = "unknown error";
+  }
+  if (before_err && !err) {
+    err = before_err;
+    try {
+      std::rethrow_exception(before_err);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    } catch (...) {
+      failure = "unknown error";
+    }
   }
   op.fn = nullptr;  // release the op's tensors before signalling completion
   const double t1 = now_s();

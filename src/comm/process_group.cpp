@@ -104,7 +104,8 @@ std::string ProcessGroup::dump_flight_recorder(const std::string& reason) { retu
 std::string ProcessGroup::flight_recorder_note() const { return state_->flight_recorder_note(); }
 
 WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn, WorkPtr after,
-                              std::shared_ptr<MarkerOutcome> marker_outcome, int marker_kind, int marker_ordinal) {
+                              std::shared_ptr<MarkerOutcome> marker_outcome, int marker_kind, int marker_ordinal,
+                              std::function<void()> before) {
   auto work = std::make_shared<Work>();
   std::unique_lock<std::mutex> lock(issue_mu_);
   const ErrorContext where{rank_, d.tag ? d.tag->unit : "", to_string(d.kind)};
@@ -137,6 +138,7 @@ WorkPtr ProcessGroup::enqueue(const Described& d, std::function<void()> fn, Work
   op.fn = std::move(fn);
   op.work = work;
   op.after = std::move(after);
+  op.before = std::move(before);
   if (marker_outcome) {
     op.marker_outcome = std::move(marker_outcome);
     op.unit.clear();  // the reason travels in the signature's unit field only
@@ -198,7 +200,8 @@ void ProcessGroup::check_tensor(const char* op, CollectiveKind kind, const char*
              backend_->max_elements(), " per collective; split the FSDP unit into smaller units");
 }
 
-WorkPtr ProcessGroup::all_gather_into_tensor(at::Tensor output, at::Tensor input, const OpTag& tag) {
+WorkPtr ProcessGroup::all_gather_into_tensor(at::Tensor output, at::Tensor input, const OpTag& tag, WorkPtr after,
+                                             std::function<void()> before) {
   const char* op = "all_gather_into_tensor";
   check_tensor(op, CollectiveKind::kAllGather, "input", input);
   check_tensor(op, CollectiveKind::kAllGather, "output", output);
@@ -209,12 +212,12 @@ WorkPtr ProcessGroup::all_gather_into_tensor(at::Tensor output, at::Tensor input
              input.numel() * size_, " elements, got ", output.numel());
   const Described d{CollectiveKind::kAllGather, &input, ReduceOp::kSum, -1, &tag,
                     static_cast<int64_t>(output.nbytes())};
-  if (size_ == 1) return enqueue(d, [output, input] { copy_if_distinct(output, input); });
-  return enqueue(d, [this, output, input] { backend_->all_gather(output, input); });
+  if (size_ == 1) return enqueue(d, [output, input] { copy_if_distinct(output, input); }, after, nullptr, -1, 0, before);
+  return enqueue(d, [this, output, input] { backend_->all_gather(output, input); }, after, nullptr, -1, 0, before);
 }
 
 WorkPtr ProcessGroup::reduce_scatter_tensor(at::Tensor output, at::Tensor input, ReduceOp rop,
-                                            const OpTag& tag) {
+                                            const OpTag& tag, WorkPtr after, std::function<void()> before) {
   const char* op = "reduce_scatter_tensor";
   check_tensor(op, CollectiveKind::kReduceScatter, "input", input);
   check_tensor(op, CollectiveKind::kReduceScatter, "output", output);
@@ -225,21 +228,29 @@ WorkPtr ProcessGroup::reduce_scatter_tensor(at::Tensor output, at::Tensor input,
              output.numel() * size_, " elements, got ", input.numel());
   const Described d{CollectiveKind::kReduceScatter, &input, rop, -1, &tag, static_cast<int64_t>(input.nbytes())};
   if (size_ == 1) {  // every reduction over one rank is the identity
-    return enqueue(d, [output, input] { copy_if_distinct(output, input); });
+    return enqueue(d, [output, input] { copy_if_distinct(output, input); }, after, nullptr, -1, 0, before);
   }
   if (reduces_in_float32(d.kind, input.scalar_type())) {
-    return enqueue(d, [this, output, input, rop] { detail::reduce_scatter_by_all_to_all(*backend_, output, input, rop); });
+    return enqueue(
+        d, [this, output, input, rop] { detail::reduce_scatter_by_all_to_all(*backend_, output, input, rop); }, after,
+        nullptr, -1, 0, before);
   }
-  return enqueue(d, [this, output, input, rop] {
-    detail::reduce_with(*backend_, output, rop, [&](ReduceOp o) { backend_->reduce_scatter(output, input, o); });
-  });
+  return enqueue(
+      d,
+      [this, output, input, rop] {
+        detail::reduce_with(*backend_, output, rop, [&](ReduceOp o) { backend_->reduce_scatter(output, input, o); });
+      },
+      after, nullptr, -1, 0, before);
 }
 
-WorkPtr ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp rop, const OpTag& tag, WorkPtr after) {
+WorkPtr ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp rop, const OpTag& tag, WorkPtr after,
+                                 std::function<void()> before) {
   const char* op = "all_reduce";
   check_tensor(op, CollectiveKind::kAllReduce, "tensor", tensor);
   const Described d{CollectiveKind::kAllReduce, &tensor, rop, -1, &tag, static_cast<int64_t>(tensor.nbytes())};
-  if (size_ == 1) return enqueue(d, [] {});  // the identity: nothing to wait for
+  if (size_ == 1) {  // the identity: reads nothing, so it waits for `after` only to run `before`
+    return before ? enqueue(d, [] {}, std::move(after), nullptr, -1, 0, std::move(before)) : enqueue(d, [] {});
+  }
   std::function<void()> fn;
   if (reduces_in_float32(d.kind, tensor.scalar_type())) {
     fn = [this, tensor, rop] { detail::all_reduce_low_precision(*backend_, tensor, rop); };
@@ -248,10 +259,11 @@ WorkPtr ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp rop, const OpTag& t
       detail::reduce_with(*backend_, tensor, rop, [&](ReduceOp o) { backend_->all_reduce(tensor, o); });
     };
   }
-  return enqueue(d, std::move(fn), std::move(after));
+  return enqueue(d, std::move(fn), std::move(after), nullptr, -1, 0, std::move(before));
 }
 
-WorkPtr ProcessGroup::all_to_all(at::Tensor output, at::Tensor input, const OpTag& tag) {
+WorkPtr ProcessGroup::all_to_all(at::Tensor output, at::Tensor input, const OpTag& tag, WorkPtr after,
+                                 std::function<void()> before) {
   const char* op = "all_to_all";
   check_tensor(op, CollectiveKind::kAllToAll, "input", input);
   check_tensor(op, CollectiveKind::kAllToAll, "output", output);
@@ -261,8 +273,8 @@ WorkPtr ProcessGroup::all_to_all(at::Tensor output, at::Tensor input, const OpTa
              ErrorKind::kInvalidArgument, at_op(rank_, op), "input and output must hold world size ",
              size_, " x n elements each, got input ", input.numel(), " and output ", output.numel());
   const Described d{CollectiveKind::kAllToAll, &input, ReduceOp::kSum, -1, &tag, static_cast<int64_t>(input.nbytes())};
-  if (size_ == 1) return enqueue(d, [output, input] { copy_if_distinct(output, input); });
-  return enqueue(d, [this, output, input] { backend_->all_to_all(output, input); });
+  if (size_ == 1) return enqueue(d, [output, input] { copy_if_distinct(output, input); }, after, nullptr, -1, 0, before);
+  return enqueue(d, [this, output, input] { backend_->all_to_all(output, input); }, after, nullptr, -1, 0, before);
 }
 
 WorkPtr ProcessGroup::broadcast(at::Tensor tensor, int root, const OpTag& tag) {

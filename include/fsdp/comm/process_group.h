@@ -155,27 +155,41 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
   /// Ranks of this group on this rank's host, this rank included.
   int ranks_on_my_host() const { return ranks_on_my_host_; }
 
+  /// [Note: chained ops] Every data op takes an optional `after` and `before`. after: a Work of
+  /// another group (e.g. the first stage of a two-stage collective, which writes this op's input):
+  /// the op is numbered and queued now but starts on the communication thread only once `after` has
+  /// completed, so the caller need not wait in between; its timeout counts from that start. It runs
+  /// even when `after` failed (its peers, which may not have, would otherwise wait in it until their
+  /// timeout): `after`'s error is its own Work's to report, so wait for `after` first. before: run on
+  /// the communication thread when the op starts (after `after`), before any data moves and before
+  /// the op's timeout starts counting, e.g. to encode into `input` what `after` wrote. When it
+  /// throws, the op still runs with its peers (none waits for this rank) and then fails on this
+  /// rank with that error, which the step's failure handling spreads ([Note: failed steps]). A
+  /// group of one rank runs the op inline: it waits for `after` on the calling thread.
+
   /// output (size()*n elements) = concat over ranks r of rank r's input (n elements), rank-major.
-  /// Shapes are free; only numel and dtype matter.
-  WorkPtr all_gather_into_tensor(at::Tensor output, at::Tensor input, const OpTag& tag = {});
+  /// Shapes are free; only numel and dtype matter. after, before: [Note: chained ops].
+  WorkPtr all_gather_into_tensor(at::Tensor output, at::Tensor input, const OpTag& tag = {},
+                                 WorkPtr after = nullptr, std::function<void()> before = nullptr);
 
   /// output (n elements) = reduce over ranks of input[rank*n : (rank+1)*n] (input: size()*n
   /// elements). op: kSum, kAvg, kMax or kMin. output may alias input's block of this rank.
+  /// after, before: [Note: chained ops].
   WorkPtr reduce_scatter_tensor(at::Tensor output, at::Tensor input, ReduceOp op = ReduceOp::kSum,
-                                const OpTag& tag = {});
+                                const OpTag& tag = {}, WorkPtr after = nullptr,
+                                std::function<void()> before = nullptr);
 
   /// tensor = reduce over ranks of tensor, in place; bitwise the same on every rank.
-  /// after: when given (a Work of another group, e.g. the reduce-scatter that writes `tensor`),
-  /// the op is numbered and queued now but starts on the communication thread only once `after`
-  /// has completed, so the caller need not wait in between; its timeout counts from that start.
-  /// It runs even when `after` failed (its peers, which may not have, would otherwise wait in it
-  /// until their timeout): `after`'s error is its own Work's to report, so wait for `after` first.
-  /// A group of one rank: the identity, which reads nothing, completes at once.
+  /// after, before: [Note: chained ops] (e.g. after the reduce-scatter that writes `tensor`).
+  /// A group of one rank: the identity, which reads nothing and completes at once (without a
+  /// `before`; with one, it runs `before` inline once `after` has completed).
   WorkPtr all_reduce(at::Tensor tensor, ReduceOp op = ReduceOp::kSum, const OpTag& tag = {},
-                     WorkPtr after = nullptr);
+                     WorkPtr after = nullptr, std::function<void()> before = nullptr);
 
   /// output block q (n elements) = rank q's input block rank() (input and output: size()*n).
-  WorkPtr all_to_all(at::Tensor output, at::Tensor input, const OpTag& tag = {});
+  /// after, before: [Note: chained ops].
+  WorkPtr all_to_all(at::Tensor output, at::Tensor input, const OpTag& tag = {}, WorkPtr after = nullptr,
+                     std::function<void()> before = nullptr);
 
   /// tensor on every rank = tensor of rank root (a rank of this group), in place.
   WorkPtr broadcast(at::Tensor tensor, int root, const OpTag& tag = {});
@@ -239,8 +253,10 @@ class ProcessGroup final : public std::enable_shared_from_this<ProcessGroup> {
     int64_t logical_bytes;  // < 0: not counted in stats (set-up)
   };
   // Numbers, records and counts the op, then hands it to the executor (inline at world size 1).
+  // `before`: [Note: chained ops], run by the executor ahead of the check and the deadline.
   WorkPtr enqueue(const Described& d, std::function<void()> fn, WorkPtr after = nullptr,
-                  std::shared_ptr<MarkerOutcome> marker_outcome = nullptr, int marker_kind = -1, int marker_ordinal = 0);
+                  std::shared_ptr<MarkerOutcome> marker_outcome = nullptr, int marker_kind = -1, int marker_ordinal = 0,
+                  std::function<void()> before = nullptr);
   // Queues this rank's `ordinal`-th abandon marker of `pass`; *outcome says, once it ran, whether
   // the group is settled.
   WorkPtr issue_abandon_marker(const AbandonedPass& pass, int ordinal, std::shared_ptr<MarkerOutcome> outcome);
