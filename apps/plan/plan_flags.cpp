@@ -132,6 +132,17 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
                  "divides the shard group (labels say node=g)")
       ->check(apps::train::ranks_or_host(/*zero_allowed=*/true))
       ->group("Parallelism");
+  app.add_option("--reduce-scatter-codec", f.reduce_scatter_codec,
+                 "What the reduce-scatters carry: none (reduce dtype) or int8 (blocks quantised by their "
+                 "sender, averaged in fp32 by their owner; with --host-aware-collectives only across hosts; as "
+                 "fsdp-train's --reduce-scatter-codec). An error with --strategy no_shard")
+      ->check(CLI::IsMember({"none", "int8"}))->group("Parallelism");
+  app.add_option("--host-aware-collectives", f.host_aware_collectives,
+                 "All-gathers across hosts then inside, reduce-scatters inside then across, with this many "
+                 "ranks per host (or host: the ranks per node; as fsdp-train's --host-aware-collectives; "
+                 "0 = off); with --strategy all, applied where it divides the shard group (labels say host=h)")
+      ->check(apps::train::ranks_or_host(/*zero_allowed=*/true))
+      ->group("Parallelism");
 
   app.add_option("--global-batch-size", f.global_batch_size,
                  "Sequences per optimizer step, all ranks together (0: micro-batch x world size)")
@@ -321,6 +332,18 @@ fp::PlanInputs resolve_inputs(const PlanFlags& f) {
                        " (it keeps each unit's params from forward to backward)");
     }
     in.reshard_after_forward_group_size = *f.reshard_after_forward == "host" ? -1 : std::stoll(*f.reshard_after_forward);
+  }
+  st.reduce_scatter_codec = fsdp::parse_wire_codec(f.reduce_scatter_codec);
+  if (st.reduce_scatter_codec != fsdp::WireCodec::kNone && f.strategy == "no_shard") {
+    throw UsageError("--reduce-scatter-codec " + f.reduce_scatter_codec +
+                     " applies to strategies that reduce-scatter gradients, not no_shard (it all-reduces them)");
+  }
+  if (f.host_aware_collectives && *f.host_aware_collectives != "0") {  // 0: off
+    if (f.strategy == "no_shard") {
+      throw UsageError("--host-aware-collectives " + *f.host_aware_collectives +
+                       " applies to strategies that all-gather params and reduce-scatter gradients, not no_shard");
+    }
+    in.collective_host_size = *f.host_aware_collectives == "host" ? -1 : std::stoll(*f.host_aware_collectives);
   }
   st.activation_checkpointing = f.activation_checkpointing;
   if (f.checkpoint_every != 1 && !f.activation_checkpointing) {

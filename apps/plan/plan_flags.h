@@ -39,6 +39,8 @@ struct PlanFlags {
   std::optional<double> bucket_cap_mb;
   std::string all_gather_codec = "none";  ///< none | int8 (fsdp-train's --all-gather-codec)
   std::optional<std::string> reshard_after_forward;  ///< N | host (fsdp-train's --reshard-after-forward)
+  std::string reduce_scatter_codec = "none";  ///< none | int8 (fsdp-train's --reduce-scatter-codec)
+  std::optional<std::string> host_aware_collectives;  ///< N | host (fsdp-train's --host-aware-collectives)
   // Step
   int64_t global_batch_size = 0;  ///< 0: micro-batch x world size (no accumulation)
   int64_t micro_batch_size = 0;   ///< 0: global / world size, or 1

@@ -206,7 +206,8 @@ std::string format_plan(const fp::Plan& p, const GivenInputs& given) {
      << " sequences, " << count(N * st.accumulation_steps * st.micro_batch_size * st.seq_len) << " tokens/step)"
      << (st.activation_checkpointing ? ", activation checkpointing" : "")
      << (st.checkpoint_every > 1 ? " of every " + ordinal(st.checkpoint_every) + " block" : "")
-     << (st.all_gather_codec == fsdp::WireCodec::kInt8 ? ", int8 all-gathers" : "") << "\n";
+     << (st.all_gather_codec == fsdp::WireCodec::kInt8 ? ", int8 all-gathers" : "")
+     << (st.reduce_scatter_codec == fsdp::WireCodec::kInt8 ? ", int8 reduce-scatters" : "") << "\n";
   os << "  profile " << in.profile.name << (in.profile.description.empty() ? "" : ": " + in.profile.description) << "\n";
   if (!given.profile) {
     os << "  note: no --profile given, so this plans GPUs of the built-in " << in.profile.name
@@ -255,15 +256,21 @@ std::string format_plan(const fp::Plan& p, const GivenInputs& given) {
   }
   os << "\n\n";
 
-  Table traffic({"strategy", "all-gather", "reduce-scatter", "all-reduce", "sent/rank"});
+  bool any_all_to_all = false;  // int8 reduce-scatters move as all-to-alls: a column only then
+  for (const auto& s : p.strategies) any_all_to_all = any_all_to_all || s.traffic.all_to_all.calls > 0;
+  std::vector<std::string> traffic_head{"strategy", "all-gather", "reduce-scatter", "all-reduce", "sent/rank"};
+  if (any_all_to_all) traffic_head.insert(traffic_head.begin() + 4, "all-to-all (int8)");
+  Table traffic(traffic_head);
   Table t({"strategy", "compute", "update", "copies", "comm", "exposed", "step"});
   Table rate({"strategy", "step", "tokens/s", "per rank", "MFU", "HFU"});
   auto kind = [](const fp::KindTotals& k) {
     return k.calls == 0 ? std::string("-") : std::to_string(k.calls) + " x, " + fp::format_bytes(static_cast<double>(k.logical_bytes));
   };
   for (const auto& s : p.strategies) {
-    traffic.add({s.parallelism.label(), kind(s.traffic.all_gather), kind(s.traffic.reduce_scatter),
-                 kind(s.traffic.all_reduce), b(s.traffic.wire_bytes())});
+    std::vector<std::string> row{s.parallelism.label(), kind(s.traffic.all_gather), kind(s.traffic.reduce_scatter),
+                                 kind(s.traffic.all_reduce), b(s.traffic.wire_bytes())};
+    if (any_all_to_all) row.insert(row.begin() + 4, kind(s.traffic.all_to_all));
+    traffic.add(row);
     t.add({s.parallelism.label(), seconds(s.time.compute_s), seconds(s.time.update_s), seconds(s.time.copy_s),
            seconds(s.time.comm_s), seconds(s.time.exposed_comm_s), seconds(s.time.step_s)});
     rate.add({s.parallelism.label(), seconds(s.time.step_s), num(s.time.tokens_per_s, "%.3g"),

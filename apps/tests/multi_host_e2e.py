@@ -113,41 +113,49 @@ def train_cmd(opts, extra):
 def test_training(opts, hosts, tmp):
     env = hosts.env
     runs = {}
-    for strategy, ref_extra, hosts_extra in (
+    qgz = ["--reduce-scatter-codec", "int8"]
+    for label, ref_extra, hosts_extra in (
             ("full_shard", [], []),
             ("no_shard", [], []),
             ("hybrid_shard", ["--hybrid-shard-group-size", "2"],
-             ["--hybrid-shard-group-size", "host"])):
-        m1 = os.path.join(tmp, "%s-1host.jsonl" % strategy)
-        m2 = os.path.join(tmp, "%s-2hosts.jsonl" % strategy)
+             ["--hybrid-shard-group-size", "host"]),
+            # Host-aware collectives over pairs of ranks do the same arithmetic on one host.
+            ("full_shard+host+qgz", ["--host-aware-collectives", "2"] + qgz,
+             ["--host-aware-collectives", "host"] + qgz)):
+        strategy = label.split("+")[0]
+        m1 = os.path.join(tmp, "%s-1host.jsonl" % label)
+        m2 = os.path.join(tmp, "%s-2hosts.jsonl" % label)
         save1 = ["--save", os.path.join(tmp, "ck-1host"), "--save-every", "3"] \
-            if strategy == "full_shard" else []
+            if label == "full_shard" else []
         save2 = ["--save", os.path.join(tmp, "ck-2hosts"), "--save-every", "3"] \
-            if strategy == "full_shard" else []
+            if label == "full_shard" else []
         base = ["--steps", "6", "--strategy", strategy]
         one_host(4, train_cmd(opts, base + ref_extra + save1 + ["--metrics", m1]), env,
-                 "%s, 1 host x 4 ranks" % strategy)
+                 "%s, 1 host x 4 ranks" % label)
         c0 = hosts.counters()
         hosts.mpirun(["-npernode", "2"], train_cmd(opts, base + hosts_extra + save2 +
                                                    ["--metrics", m2]),
-                     what="%s, 2 hosts x 2 ranks" % strategy)
+                     what="%s, 2 hosts x 2 ranks" % label)
         c1 = hosts.counters()
         a, b = losses(m1), losses(m2)
-        check(sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6], "%s: 6 steps each" % strategy)
+        check(sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6], "%s: 6 steps each" % label)
         rel = max_rel(a, b, range(1, 7))
         check(rel <= 1e-5, "%s: 2 hosts vs 1 host, max rel loss diff over 6 steps %.3g <= 1e-5 "
-              "(%d of 6 bit-equal)" % (strategy, rel, sum(a[s] == b[s] for s in a)))
+              "(%d of 6 bit-equal)" % (label, rel, sum(a[s] == b[s] for s in a)))
         cfg1, cfg2 = events(m1, "config")[0], events(m2, "config")[0]
         check(cfg1["num_hosts"] == 1 and cfg2["num_hosts"] == 2 and
               cfg2["host_of_ranks"] == [0, 0, 1, 1],
-              "%s: config sees 1 host, then 2 hosts with ranks [0,0,1,1]" % strategy)
+              "%s: config sees 1 host, then 2 hosts with ranks [0,0,1,1]" % label)
         if strategy == "hybrid_shard":
             check(cfg2["hybrid_shard_group_size"] == 2, "hybrid_shard: 'host' resolves to 2 ranks")
+        if "host" in label:
+            check(cfg1["collective_host_size"] == cfg2["collective_host_size"] == 2,
+                  "%s: 'host' resolves to 2 ranks, as 2 on one host" % label)
         steps1 = events(m1, "step")
         steps2 = events(m2, "step")
         check(all(e["comm"]["inter_host_bytes"] == 0 for e in steps1),
-              "%s: 1 host: inter_host_bytes 0 every step" % strategy)
-        runs[strategy] = (steps2, c0, c1)
+              "%s: 1 host: inter_host_bytes 0 every step" % label)
+        runs[label] = (steps2, c0, c1)
     # Host split of the metrics (rank 0, step 6).
     full, hyb, ddp = (runs[s][0][-1]["comm"] for s in ("full_shard", "hybrid_shard", "no_shard"))
     check(full["all_gather_inter_host_bytes"] > 0 and
@@ -163,13 +171,25 @@ def test_training(opts, hosts, tmp):
           "hybrid_shard crosses hosts only with its all-reduce: %d B vs full_shard %d B per step" %
           (hyb["inter_host_bytes"], full["inter_host_bytes"]))
     check(ddp["all_reduce_inter_host_bytes"] > 0, "no_shard's all-reduce crosses hosts")
+    # Host-aware: the all-gathers send half of full_shard's bytes across (each byte once per host
+    # pair), the reduce-scatter's host stage stays inside, its int8 stage crosses as an all-to-all of
+    # one byte per element of the 2 of 4 blocks plus a 4-byte scale per block of 256 (per param:
+    # more for this tiny model's 16-element bias shards): 1/8 of full_shard's fp32 reduce-scatter
+    # and a little more.
+    ha = runs["full_shard+host+qgz"][0][-1]["comm"]
+    check(2 * ha["all_gather_inter_host_bytes"] == full["all_gather_inter_host_bytes"],
+          "host-aware all-gathers: %d B across, full_shard %d B" % (ha["all_gather_inter_host_bytes"],
+                                                                   full["all_gather_inter_host_bytes"]))
+    ratio = ha["all_to_all_inter_host_bytes"] / full["reduce_scatter_inter_host_bytes"]
+    check(ha["reduce_scatter_inter_host_bytes"] == 0 and 1 / 8 < ratio < 0.16,
+          "host-aware int8 reduce-scatter: only its int8 stage crosses, %.4f of full_shard's" % ratio)
     return runs
 
 
 def test_link_bytes(opts, hosts, tmp, runs):
     """Interface counters of 6-step runs minus those of 2-step runs: 4 steps of traffic per host."""
     for strategy, extra in (("full_shard", []), ("hybrid_shard", ["--hybrid-shard-group-size", "host"])):
-        steps6, c0, c1 = runs[strategy]
+        steps6, c0, c1 = runs[strategy]  # (the host-aware run's bytes: bench/hosts/link_traffic.py)
         m = os.path.join(tmp, "%s-2steps.jsonl" % strategy)
         d0 = hosts.counters()
         hosts.mpirun(["-npernode", "2"], train_cmd(opts, ["--steps", "2", "--strategy", strategy]

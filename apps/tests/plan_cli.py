@@ -237,6 +237,30 @@ def wire_codecs(bin_path):
     p = plan(bin_path, "--strategy", "no_shard", "--all-gather-codec", "int8", expect_rc=2)
     check("--all-gather-codec int8 applies to strategies that all-gather params, not no_shard" in p.stderr,
           f"int8 with no_shard refused in one line: {p.stderr!r}")
+    # --host-aware-collectives host (2 ranks per node of 4): every gather and reduction of full_shard
+    # is two calls, and the bytes in collectives that cross nodes fall by half (2 ranks per host);
+    # --reduce-scatter-codec int8 then sends the cross-node stage as an all-to-all of int8 payloads.
+    host_doc = json.loads(plan(bin_path, *base, "--host-aware-collectives", "host", "--reduce-scatter-codec", "int8").stdout)
+    check(host_doc["inputs"]["collective_host_size"] == -1 and host_doc["inputs"]["reduce_scatter_codec"] == "int8",
+          f"the options are in the JSON's inputs: {host_doc['inputs']}")
+    host = by_strategy(json.loads(plan(bin_path, *base, "--host-aware-collectives", "host").stdout))
+    check("full_shard(host=2)" in host and "no_shard" in host and "hybrid_shard(G=2)" in host,
+          f"labels with host-aware collectives where they apply: {sorted(host)}")
+    fs, ha = exact["full_shard"]["traffic"], host["full_shard(host=2)"]["traffic"]
+    check(ha["all_gather"]["calls"] == 2 * fs["all_gather"]["calls"]
+          and ha["reduce_scatter"]["calls"] == 2 * fs["reduce_scatter"]["calls"],
+          f"two stages per collective: {ha} vs {fs}")
+    qgz = by_strategy(host_doc)["full_shard(host=2)"]["traffic"]
+    check(qgz["all_to_all"]["calls"] == fs["reduce_scatter"]["calls"]
+          and qgz["reduce_scatter"]["calls"] == fs["reduce_scatter"]["calls"]
+          and abs(qgz["all_to_all"]["logical_bytes"] / (fs["reduce_scatter"]["logical_bytes"] / 2) - 1.015625 / 4) < 2e-3,
+          f"the cross-host stage as int8 payloads of 2 of the 4 blocks: {qgz}")
+    for args, says in ((["--strategy", "no_shard", "--reduce-scatter-codec", "int8"],
+                        "--reduce-scatter-codec int8 applies to strategies that reduce-scatter gradients, not no_shard"),
+                       (["--world-size", "4", "--strategy", "full_shard", "--host-aware-collectives", "3"],
+                        "collective_host_size 3 must divide the shard group size 4")):
+        p = plan(bin_path, *args, expect_rc=2)
+        check(says in p.stderr, f"{args}: {p.stderr!r}")
 
 
 def two_ranks(mpirun_flags=()):
@@ -422,7 +446,8 @@ def dry_run_vocab(bin_path, train_bin):
     want = doc["strategies"][0]["model_state"]["sharded_param_bytes"]
     check(shard_bytes == want, f"--vocab-size 8192: params {shard_bytes} bytes per rank, fsdp-plan {want}")
     # The slow-link options wrap the model as training does (the int8 codec on meta tensors too).
-    n_int8, shard_int8 = dry("--vocab-size", "8192", "--all-gather-codec", "int8", "--reshard-after-forward", "2")
+    n_int8, shard_int8 = dry("--vocab-size", "8192", "--all-gather-codec", "int8", "--reshard-after-forward", "2",
+                             "--host-aware-collectives", "2", "--reduce-scatter-codec", "int8")
     check((n_int8, shard_int8) == (n, shard_bytes), f"dry run with the slow-link options: {n_int8}, {shard_int8}")
 
 

@@ -177,7 +177,12 @@ def test_flags(opts, tmp):
     for args, says in ((["--strategy", "shard_grad_op", "--reshard-after-forward", "1"],
                         "--reshard-after-forward 1 applies to --strategy full_shard or hybrid_shard, not shard_grad_op"),
                        (["--reshard-after-forward", "3"], "--reshard-after-forward 3 must divide the shard group size 2"),
-                       (["--reshard-after-forward", "-1"], "expected a non-negative integer or host, got '-1'")):
+                       (["--reshard-after-forward", "-1"], "expected a non-negative integer or host, got '-1'"),
+                       (["--strategy", "no_shard", "--reduce-scatter-codec", "int8"],
+                        "--reduce-scatter-codec int8 applies to strategies that reduce-scatter gradients, not no_shard"),
+                       (["--strategy", "no_shard", "--host-aware-collectives", "2"],
+                        "--host-aware-collectives 2 applies to strategies that all-gather params and reduce-scatter"),
+                       (["--host-aware-collectives", "3"], "--host-aware-collectives 3 must divide the shard group size 2")):
         expect_error(run(["--steps", "2", "--metrics", m] + args, 2, opts), 2, says)
         check(not events(m, "step"), "%s: refused before step 1" % args)
     missing = os.path.join(tmp, "missing")

@@ -120,6 +120,34 @@ int resolve_threads(const TrainConfig& c) {
   return std::max(1, CPU_COUNT(&set));
 }
 
+namespace {
+
+// A number of consecutive ranks of the shard group (`shard` ranks) given to `flag` as a number or
+// "host" (the launcher's ranks per host); "host" where the shard group lies inside one host is the
+// shard group itself, which both options treat as off. Throws UsageError unless it divides `shard`.
+int ranks_in_shard_group(const std::string& flag, const std::string& v, const fsdp::comm::ProcessGroup& group,
+                         int shard) {
+  int g = 0;
+  if (v == "host") {
+    try {
+      g = fsdp::comm::uniform_ranks_per_host(group);
+    } catch (const fsdp::Error& e) {
+      throw UsageError(flag + " host: " + e.what());
+    }
+    g = std::min(g, shard);  // a shard group inside one host: nothing to do (fsdp-plan's rule)
+  } else {
+    g = std::stoi(v);  // ranks_or_host checked it: a non-negative integer
+  }
+  if (g == 0) return 0;  // "0", "00": off
+  if (shard % g != 0) {
+    throw UsageError(flag + " " + v + (v == "host" ? " (" + std::to_string(g) + " ranks per host)" : "") +
+                     " must divide the shard group size " + std::to_string(shard));
+  }
+  return g;
+}
+
+}  // namespace
+
 fsdp::FullyShardOptions resolve_fsdp_options(const TrainConfig& c, const fsdp::comm::ProcessGroup& group) {
   fsdp::FullyShardOptions o;
   try {
@@ -154,30 +182,31 @@ fsdp::FullyShardOptions resolve_fsdp_options(const TrainConfig& c, const fsdp::c
                      " applies to strategies that all-gather params, not " + c.strategy +
                      " (every rank keeps every param)");
   }
-  if (c.reshard_after_forward && *c.reshard_after_forward != "0") {  // 0: off (e.g. over an environment default)
-    const std::string& v = *c.reshard_after_forward;
+  const int shard = o.hybrid_shard_group_size > 0 ? o.hybrid_shard_group_size : group.size();
+  // 0 (in any spelling): off, e.g. over an environment default.
+  auto set = [](const std::optional<std::string>& v) { return v && (*v == "host" || std::stoi(*v) != 0); };
+  if (set(c.reshard_after_forward)) {
     if (!fsdp::traits_of(o.strategy).reshard_after_forward) {
-      throw UsageError("--reshard-after-forward " + v + " applies to --strategy full_shard or hybrid_shard, not " +
-                       c.strategy + " (it keeps each unit's params from forward to backward)");
+      throw UsageError("--reshard-after-forward " + *c.reshard_after_forward +
+                       " applies to --strategy full_shard or hybrid_shard, not " + c.strategy +
+                       " (it keeps each unit's params from forward to backward)");
     }
-    int g = 0;
-    if (v == "host") {
-      try {
-        g = fsdp::comm::uniform_ranks_per_host(group);
-      } catch (const fsdp::Error& e) {
-        throw UsageError(std::string("--reshard-after-forward host: ") + e.what());
-      }
-    } else {
-      g = std::stoi(v);
+    o.reshard_after_forward_group_size = ranks_in_shard_group("--reshard-after-forward", *c.reshard_after_forward, group, shard);
+  }
+  o.reduce_scatter_codec = fsdp::parse_wire_codec(c.reduce_scatter_codec);
+  const bool reduce_scatters = fsdp::traits_of(o.strategy).grad_sync == fsdp::GradSync::kReduceScatter;
+  if (o.reduce_scatter_codec != fsdp::WireCodec::kNone && !reduce_scatters) {
+    throw UsageError("--reduce-scatter-codec " + c.reduce_scatter_codec +
+                     " applies to strategies that reduce-scatter gradients, not " + c.strategy +
+                     " (it all-reduces them in buckets)");
+  }
+  if (set(c.host_aware_collectives)) {
+    if (!reduce_scatters) {
+      throw UsageError("--host-aware-collectives " + *c.host_aware_collectives +
+                       " applies to strategies that all-gather params and reduce-scatter gradients, not " +
+                       c.strategy);
     }
-    const int shard = o.hybrid_shard_group_size > 0 ? o.hybrid_shard_group_size : group.size();
-    // A shard group inside one host already gathers there: "host" is then off (fsdp-plan's rule).
-    if (v == "host" && g >= shard) g = shard;
-    if (shard % g != 0) {
-      throw UsageError("--reshard-after-forward " + v + (v == "host" ? " (" + std::to_string(g) + " ranks per host)" : "") +
-                       " must divide the shard group size " + std::to_string(shard));
-    }
-    o.reshard_after_forward_group_size = g;
+    o.collective_host_size = ranks_in_shard_group("--host-aware-collectives", *c.host_aware_collectives, group, shard);
   }
   if (c.bucket_cap_mb) {
     if (o.strategy != fsdp::ShardingStrategy::kNoShard) {

@@ -93,6 +93,8 @@ std::vector<Setting> shared_settings(const TrainConfig& c) {
       {"--bucket-cap-mb", text(c.bucket_cap_mb)},
       {"--all-gather-codec", c.all_gather_codec},
       {"--reshard-after-forward", text(c.reshard_after_forward)},
+      {"--reduce-scatter-codec", c.reduce_scatter_codec},
+      {"--host-aware-collectives", text(c.host_aware_collectives)},
       {"--activation-checkpointing", c.activation_checkpointing ? "true" : "false"},
       {"--global-batch-size", std::to_string(c.global_batch_size)},
       {"--micro-batch-size", std::to_string(c.micro_batch_size)},

@@ -175,6 +175,8 @@ json config_event(const TrainConfig& c, const RunFacts& f, const fsdp::CpuInfo& 
       {"bucket_cap_bytes", f.bucket_cap_bytes},
       {"all_gather_codec", c.all_gather_codec},
       {"reshard_after_forward_group_size", f.reshard_after_forward_group_size},
+      {"reduce_scatter_codec", c.reduce_scatter_codec},
+      {"collective_host_size", f.collective_host_size},
       {"activation_checkpointing", c.activation_checkpointing}, {"meta_init", c.meta_init},
       {"memory_budget_bytes", c.memory_budget_bytes},
       {"root_output_dtype", f.root_output_fp32 ? "fp32" : "unchanged"},
@@ -266,6 +268,7 @@ json comm_delta(const fsdp::comm::CommStats::Snapshot& before,
   for (auto [k, name] : {std::pair{K::kAllGather, "all_gather"},
                          std::pair{K::kReduceScatter, "reduce_scatter"},
                          std::pair{K::kAllReduce, "all_reduce"},
+                         std::pair{K::kAllToAll, "all_to_all"},  // int8 reduce-scatters
                          std::pair{K::kBroadcast, "broadcast"},
                          std::pair{K::kBarrier, "barrier"}}) {
     const auto& a = after[static_cast<int>(k)];

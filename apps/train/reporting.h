@@ -170,6 +170,7 @@ struct RunFacts {
   bool forward_prefetch = false;
   int hybrid_shard_group_size = 0;
   int reshard_after_forward_group_size = 0;  ///< 0: off
+  int collective_host_size = 0;  ///< host-aware collectives' ranks per host; 0: off (or nothing to do)
   int64_t bucket_cap_bytes = 0;
   bool root_output_fp32 = false;  ///< the root unit returns fp32 logits (mixed precision)
   int64_t micro_batch_size = 0, accumulation_steps = 0;

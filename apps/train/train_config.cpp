@@ -144,6 +144,24 @@ std::optional<TrainConfig> parse_train_config(int argc, char** argv, int rank, i
                  "an error with another strategy")
       ->check(ranks_or_host(/*zero_allowed=*/true))
       ->envname("FSDP_RESHARD_AFTER_FORWARD")->group("Parallelism");
+  app.add_option("--reduce-scatter-codec", c.reduce_scatter_codec,
+                 "What the gradients are on the wire of the reduce-scatters: none (reduce dtype) or int8 "
+                 "(ZeRO++'s qgZ: each block of 256 elements quantised with one fp32 scale by its sender, "
+                 "moved in one all-to-all, averaged in fp32 by its owner; with --host-aware-collectives "
+                 "only the stage across hosts is int8). Sharded gradients and optimizer state stay exact "
+                 "sums of what arrives. Default none, or FSDP_REDUCE_SCATTER_CODEC; int8 is an error with "
+                 "no_shard")
+      ->check(CLI::IsMember({"none", "int8"}))->envname("FSDP_REDUCE_SCATTER_CODEC")->group("Parallelism");
+  app.add_option("--host-aware-collectives", c.host_aware_collectives,
+                 "Run each all-gather across hosts first (the ranks at the same place on each host), then "
+                 "inside the host, and each reduce-scatter inside the host first, then across hosts, so "
+                 "that a byte crosses a host link once per host pair instead of once per rank: host (the "
+                 "launcher's ranks per host; every host must hold the same number of consecutive ranks) "
+                 "or a number of consecutive ranks dividing the shard group size. host where the shard "
+                 "group lies inside one host: nothing to do (off). 0 = off (default, or "
+                 "FSDP_HOST_AWARE_COLLECTIVES); an error with no_shard")
+      ->check(ranks_or_host(/*zero_allowed=*/true))
+      ->envname("FSDP_HOST_AWARE_COLLECTIVES")->group("Parallelism");
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb,
                  "no_shard: gradient all-reduce bucket size in MiB (issued during backward). "
                  "Default 25; an error with another strategy")

@@ -59,6 +59,12 @@ struct TrainConfig {
   /// "0": off.
   /// Only with strategies that reshard after forward (full_shard, hybrid_shard): a usage error else.
   std::optional<std::string> reshard_after_forward;
+  /// FullyShardOptions::reduce_scatter_codec of every unit: none | int8 (int8 with no_shard: a
+  /// usage error).
+  std::string reduce_scatter_codec = "none";
+  /// FullyShardOptions::collective_host_size of every unit: a number of ranks, or "host"; unset
+  /// or "0": off. Only with strategies that reduce-scatter (not no_shard): a usage error else.
+  std::optional<std::string> host_aware_collectives;
   /// Recompute each block's activations in backward instead of keeping them
   /// (fsdp::call_checkpointed per block).
   bool activation_checkpointing = false;

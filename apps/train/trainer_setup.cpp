@@ -179,6 +179,8 @@ Trainer::Trainer(const TrainConfig& c, fsdp::comm::ProcessGroupPtr group, bool h
     const int g = fsdp_options_.reshard_after_forward_group_size;
     const int shard = fsdp_options_.hybrid_shard_group_size > 0 ? fsdp_options_.hybrid_shard_group_size : world_;
     facts_.reshard_after_forward_group_size = g < shard ? g : 0;
+    const int h = fsdp_options_.collective_host_size;  // 1 or the shard group's size: one stage, off
+    facts_.collective_host_size = h > 1 && h < shard ? h : 0;
   }
   facts_.bucket_cap_bytes = fsdp_options_.bucket_cap_bytes.value_or(fsdp::kDefaultBucketCapBytes);
   facts_.root_output_fp32 = root_options_.mixed_precision.output_dtype.has_value();

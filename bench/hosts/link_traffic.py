@@ -2,10 +2,11 @@
 """Bytes on the links between test hosts, per training step, against the formula; step times.
 
   bench/hosts/link_traffic.py --bin build/bin/fsdp-train --data-dir ./data [--rate 1gbit]
-      [--model gpt2] [--strategies full_shard,hybrid_shard,no_shard,full_shard+int8+hpz]
+      [--model gpt2] [--strategies full_shard,hybrid_shard,no_shard,full_shard+int8+hpz+host+qgz]
 
 A strategy may carry options after '+': int8 (--all-gather-codec int8), hpz
-(--reshard-after-forward host).
+(--reshard-after-forward host), host (--host-aware-collectives host), qgz
+(--reduce-scatter-codec int8).
 
 Makes 2 test hosts (scripts/hosts.sh up 2 [RATE]), runs fsdp-train on 2 hosts x 2 ranks for 1
 and for 2 steps per strategy, and reports for each strategy:
@@ -63,7 +64,8 @@ def main():
         print("| strategy | link | formula: inter_host_bytes per rank per step | measured: host 1 "
               "received per step | measured / (2 ranks x formula) | step time (s) | peak per rank |")
         print("|---|---|---|---|---|---|---|")
-        options = {"int8": ["--all-gather-codec", "int8"], "hpz": ["--reshard-after-forward", "host"]}
+        options = {"int8": ["--all-gather-codec", "int8"], "hpz": ["--reshard-after-forward", "host"],
+                   "host": ["--host-aware-collectives", "host"], "qgz": ["--reduce-scatter-codec", "int8"]}
         for label in a.strategies.split(","):
             strategy, *opts = label.split("+")
             extra = ["--hybrid-shard-group-size", "host"] if strategy == "hybrid_shard" else []

@@ -140,11 +140,13 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
   const bool ddp = st.grad_sync == GradSync::kBuckets, gathers_per_phase = st.gathers_params && st.reshard_after_forward;
   const bool once_per_step = gathers_once_per_step(st);
   const bool accumulating = setup.accumulation_steps > 1;
+  const int64_t G = par.shard_group_size(), hs = par.host_stage_size(), H = hs > 0 ? G / hs : 1;
 
   auto full_param = [&](size_t u) -> int64_t {  // transient full params of unit u while in use
     if (st.lazy_gather) return 0;                // resident: part of the model state
     if (ddp) return pb == 4 ? 0 : pb * un[u].numel;  // fp32 aliases the storage; else a cast copy
-    return pb * un[u].gathered_numel;
+    // Host-aware: the cross-host stage's output (H of the G blocks) lives until the copy-out.
+    return pb * un[u].gathered_numel + (H > 1 ? all_gather_bytes(setup, model.units[u], G) / G * H : 0);
   };
   auto full_grad = [&](size_t u) { return pb * un[u].trainable_numel; };
   // Reduce-scatter buffers: the input (G x the unit's trainable shard) and, with G > 1, the
@@ -157,11 +159,21 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
     return rb * (ddp ? un[u].trainable_numel : un[u].reduce_numel);
   };
   const bool scatters = !ddp && par.shard_group_size() > 1;
+  // Host-aware (H hosts) and int8 reductions hold more from the backward to the end: the host
+  // stage's output (H blocks) and the int8 payloads sent and received (n of them: H, or G when flat).
+  const bool int8_reduce = scatters && setup.reduce_scatter_codec == fsdp::WireCodec::kInt8;
+  // A flat int8 reduction lets go of its input once quantised (the payloads replace it).
   auto reduce_held = [&](size_t u) -> int64_t {  // from the unit's backward until its reduce-scatter ends
-    return reduce_input(u) + (scatters ? rb * un[u].reduce_shard_numel : 0);
+    int64_t held = (int8_reduce && H == 1 ? 0 : reduce_input(u)) + (scatters ? rb * un[u].reduce_shard_numel : 0);
+    if (scatters && H > 1) held += rb * H * un[u].reduce_shard_numel;
+    if (int8_reduce) held += 2 * int8_reduce_bytes(model.units[u], G, H > 1 ? H : G);
+    return held;
   };
   auto reduce_running = [&](size_t u) -> int64_t {  // while the communication thread runs it (one at a time)
-    if (!scatters || setup.reduce_scatter_route == ReduceScatterRoute::kInPlace) return int64_t{0};
+    if (!scatters) return int64_t{0};
+    // A flat int8 reduction runs no reduce-scatter: its decode holds two float32 rows of S'.
+    if (int8_reduce && H == 1) return 2 * 4 * un[u].reduce_shard_numel;
+    if (setup.reduce_scatter_route == ReduceScatterRoute::kInPlace) return int64_t{0};
     return reduce_input(u) + (rb < 4 ? 2 * 4 * un[u].reduce_shard_numel : 0);
   };
   auto reduce_buffers = [&](size_t u) { return reduce_held(u) + reduce_running(u); };

@@ -24,6 +24,10 @@ Parallelism make_par(const PlanInputs& in, S s, int64_t world, int64_t rpn, int6
   p.hybrid_shard_group_size = traits_of(s).uses_hybrid_shard_group_size ? hybrid : 0;
   const int64_t g = in.reshard_after_forward_group_size < 0 ? rpn : in.reshard_after_forward_group_size;
   if (g > 0 && traits_of(s).reshard_after_forward && p.shard_group_size() % g == 0) p.reshard_after_forward_group_size = g;
+  const int64_t h = in.collective_host_size < 0 ? rpn : in.collective_host_size;
+  if (h > 0 && traits_of(s).grad_sync == GradSync::kReduceScatter && p.shard_group_size() % h == 0) {
+    p.collective_host_size = h;
+  }
   return p;
 }
 
@@ -265,6 +269,9 @@ Plan make_plan(const PlanInputs& given) {
     FSDP_CHECK(node == 0 || par.shard_group_size() % node == 0, ErrorKind::kInvalidArgument, kPlanWhere,
                "reshard_after_forward_group_size ", node, " must divide the shard group size ", par.shard_group_size(),
                " of ", par.label());
+    const int64_t host = in.collective_host_size < 0 ? (rpn >= G ? 0 : rpn) : in.collective_host_size;
+    FSDP_CHECK(host == 0 || G % host == 0, ErrorKind::kInvalidArgument, kPlanWhere, "collective_host_size ", host,
+               " must divide the shard group size ", G, " of ", par.label());
     plan.strategies.push_back(plan_strategy(in, par, usable));
   } else {
     plan.strategies = all;
@@ -305,13 +312,21 @@ std::vector<std::string> slow_link_notes(const PlanInputs& in, const Plan& plan)
     better.reshard_after_forward_group_size = rpn;
     flags.push_back("--reshard-after-forward host");
   }
+  if (par.host_stage_size() == 0 && rpn > 1 && rpn < G && G % rpn == 0) {
+    better.collective_host_size = rpn;
+    flags.push_back("--host-aware-collectives host");
+  }
+  if (in.step.reduce_scatter_codec == fsdp::WireCodec::kNone && t.grad_sync == GradSync::kReduceScatter) {
+    faster.step.reduce_scatter_codec = fsdp::WireCodec::kInt8;
+    flags.push_back("--reduce-scatter-codec int8");
+  }
   if (flags.empty()) return {};
   const StrategyPlan then = plan_strategy(faster, better, plan.usable_bytes);
   if (!then.fits || then.time.step_s > 0.9 * now.time.step_s) return {};
-  auto cross_node_gather_bytes = [](const StepTraffic& tr) {
+  auto cross_node_bytes = [](const StepTraffic& tr) {
     double b = 0;
     for (const auto& c : tr.calls) {
-      if (c.kind == fsdp::comm::CollectiveKind::kAllGather && c.crosses_nodes) b += c.wire_bytes;
+      if (c.crosses_nodes) b += c.wire_bytes;
     }
     return b;
   };
@@ -320,8 +335,8 @@ std::vector<std::string> slow_link_notes(const PlanInputs& in, const Plan& plan)
   return {str_cat(par.label(), " is bandwidth-bound here: ", seconds(now.time.exposed_comm_s), " of its ",
                   seconds(now.time.step_s), " step is communication its compute does not hide; with ", joined, " (",
                   then.parallelism.label(), ") the planner predicts ", seconds(then.time.step_s),
-                  " per step, cross-node all-gather bytes per rank ", gb(cross_node_gather_bytes(now.traffic)), " -> ",
-                  gb(cross_node_gather_bytes(then.traffic)), " (docs/planner.md, \"Traffic\")")};
+                  " per step, bytes per rank in collectives that cross nodes ", gb(cross_node_bytes(now.traffic)),
+                  " -> ", gb(cross_node_bytes(then.traffic)), " (docs/planner.md, \"Traffic\")")};
 }
 
 std::vector<std::string> profile_notes(const PlanInputs& in) {

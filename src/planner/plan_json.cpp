@@ -27,6 +27,7 @@ json strategy_json(const StrategyPlan& s) {
   j["shard_group_size"] = p.shard_group_size();
   j["num_replicas"] = p.num_replicas();
   j["reshard_after_forward_group_size"] = p.node_group_size();
+  j["collective_host_size"] = p.host_stage_size();
   j["model_state"] = {{"sharded_param_bytes", s.state.sharded_param_bytes},
                       {"sharded_grad_bytes", s.state.sharded_grad_bytes},
                       {"optim_state_bytes", s.state.optim_state_bytes},
@@ -51,6 +52,7 @@ json strategy_json(const StrategyPlan& s) {
   j["traffic"] = {{"all_gather", totals_json(s.traffic.all_gather)},
                   {"reduce_scatter", totals_json(s.traffic.reduce_scatter)},
                   {"all_reduce", totals_json(s.traffic.all_reduce)},
+                  {"all_to_all", totals_json(s.traffic.all_to_all)},
                   {"logical_bytes", s.traffic.logical_bytes()},
                   {"wire_bytes", s.traffic.wire_bytes()}};
   j["time"] = {{"flops", s.time.flops},
@@ -105,6 +107,8 @@ std::string plan_to_json(const Plan& plan) {
                  {"activation_checkpointing", st.activation_checkpointing},
                  {"all_gather_codec", fsdp::to_string(st.all_gather_codec)},
                  {"reshard_after_forward_group_size", in.reshard_after_forward_group_size},
+                 {"reduce_scatter_codec", fsdp::to_string(st.reduce_scatter_codec)},
+                 {"collective_host_size", in.collective_host_size},
                  {"checkpoint_every", st.checkpoint_every},
                  {"forward_prefetch", st.forward_prefetch},
                  {"backward_prefetch", st.backward_prefetch},

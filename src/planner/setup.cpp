@@ -78,6 +78,11 @@ int64_t Parallelism::node_group_size() const {
   return g > 0 && g < shard_group_size() ? g : 0;
 }
 
+int64_t Parallelism::host_stage_size() const {
+  const int64_t h = collective_host_size;
+  return h > 1 && h < shard_group_size() ? h : 0;
+}
+
 void Parallelism::validate() const {
   FSDP_CHECK(world_size >= 1, ErrorKind::kInvalidArgument, kSetupWhere, expected_actual("world size", ">= 1", world_size));
   FSDP_CHECK(ranks_per_node >= 0, ErrorKind::kInvalidArgument, kSetupWhere,
@@ -90,15 +95,24 @@ void Parallelism::validate() const {
     FSDP_CHECK(g > 0 && G % g == 0, ErrorKind::kInvalidArgument, kSetupWhere, "reshard_after_forward_group_size ", g,
                " must divide the shard group size ", G);
   }
+  if (const int64_t h = collective_host_size; h != 0) {
+    FSDP_CHECK(fsdp::traits_of(strategy).grad_sync == fsdp::GradSync::kReduceScatter, ErrorKind::kInvalidArgument,
+               kSetupWhere, "collective_host_size ", h, " applies to strategies that reduce-scatter, not ",
+               fsdp::to_string(strategy));
+    FSDP_CHECK(h > 0 && G % h == 0, ErrorKind::kInvalidArgument, kSetupWhere, "collective_host_size ", h,
+               " must divide the shard group size ", G);
+  }
 }
 
 std::string Parallelism::label() const {
-  const int64_t g = node_group_size();
-  if (!fsdp::traits_of(strategy).uses_hybrid_shard_group_size) {
-    return g > 0 ? str_cat(fsdp::to_string(strategy), "(node=", g, ")") : fsdp::to_string(strategy);
-  }
-  return g > 0 ? str_cat("hybrid_shard(G=", shard_group_size(), ",node=", g, ")")
-               : str_cat("hybrid_shard(G=", shard_group_size(), ")");
+  const int64_t g = node_group_size(), h = host_stage_size();
+  std::vector<std::string> parts;
+  if (fsdp::traits_of(strategy).uses_hybrid_shard_group_size) parts.push_back(str_cat("G=", shard_group_size()));
+  if (g > 0) parts.push_back(str_cat("node=", g));
+  if (h > 0) parts.push_back(str_cat("host=", h));
+  std::string label = fsdp::to_string(strategy);
+  for (size_t i = 0; i < parts.size(); ++i) label += (i == 0 ? "(" : ",") + parts[i];
+  return parts.empty() ? label : label + ")";
 }
 
 int64_t all_gather_bytes(const StepSetup& setup, const UnitSpec& unit, int64_t shard_group_size) {
@@ -110,6 +124,14 @@ int64_t all_gather_bytes(const StepSetup& setup, const UnitSpec& unit, int64_t s
   }
   if (setup.all_gather_codec == fsdp::WireCodec::kInt8) return shard_group_size * comm::int8_payload_bytes(segments);
   return shard_group_size * shard_numel * param_bytes_per_elem(setup.precision);
+}
+
+int64_t int8_reduce_bytes(const UnitSpec& unit, int64_t shard_group_size, int64_t ranks) {
+  std::vector<int64_t> segments;
+  for (const auto& p : unit.params) {
+    if (p.trainable) segments.push_back(fsdp::shard::ParamShardSpec::make(p.shape, shard_group_size).padded_shard_numel());
+  }
+  return segments.empty() ? 0 : ranks * comm::int8_payload_bytes(segments);
 }
 
 void StepSetup::validate() const {

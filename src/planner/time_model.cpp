@@ -100,6 +100,12 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   const GroupPlacement world_x = group_placement(par, GroupKind::kWorld);
   const GroupPlacement node_x = group_placement(par, GroupKind::kNode);
   const int64_t gn = par.node_group_size();  // hpZ: the backward gathers over gn ranks
+  // Host-aware collectives: each gather and reduction is two stages, one after the other on the
+  // communication threads (across hosts over H ranks, inside the host over h).
+  const int64_t hs = par.host_stage_size(), H = hs > 0 ? G / hs : 1;
+  const GroupPlacement host_x = group_placement(par, GroupKind::kHost);
+  const GroupPlacement cross_x = group_placement(par, GroupKind::kCrossHost);
+  const bool int8_reduce = setup.reduce_scatter_codec == fsdp::WireCodec::kInt8 && G > 1 && !ddp;
 
   // A collective in the replay (profile.h CollectiveLinks). Overlapping communication: its time
   // alone on its queue. Shared cores, compute fitting them: time alone x the shared-core factor,
@@ -134,6 +140,10 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
   FSDP_CHECK(copy_rate > 0, ErrorKind::kInvalidArgument, kTimeModelWhere, "profile '", profile.name,
              "' has no memory copy rate");
   auto copy_s = [&](int64_t bytes) { return static_cast<double>(bytes) / copy_rate; };
+  // Two stages on one queue, the second after the first: their times add.
+  auto then = [](const Op& a, const Op& b) {
+    return Op{a.queue_s + b.queue_s, std::max(a.slowdown, b.slowdown), a.cpu_s + b.cpu_s};
+  };
   std::vector<double> unshard_copy(U, 0.0), pack_copy(U, 0.0), add_copy(U, 0.0);
   std::vector<double> fwd(U), bwd(U);
   std::vector<Op> ag(U), rs(U), rep(U), ag_node(U);
@@ -171,7 +181,25 @@ StepTime estimate_step_time(const ModelSpec& model, const Parallelism& par, cons
       ag_node[u] = op(K::kAllGather, gn * s_g * pb, node_x);
       node_copy[u] = copy_s(2 * pb * s_g + 2 * pb * gn * s_g);
     }
-    rs[u] = op(K::kReduceScatter, rb * n.reduce_numel, shard_x);
+    const int64_t reduce_bytes = rb * n.reduce_numel;
+    if (hs > 0) {
+      const int64_t gathered = all_gather_bytes(setup, model.units[u], G);
+      ag[u] = then(op(K::kAllGather, gathered / G * H, cross_x), op(K::kAllGather, gathered, host_x));
+      // The int8 stage moves its payload as an all-to-all, timed as a reduce-scatter of as many bytes.
+      rs[u] = then(op(K::kReduceScatter, reduce_bytes, host_x),
+                   int8_reduce ? op(K::kReduceScatter, int8_reduce_bytes(model.units[u], G, H), cross_x)
+                               : op(K::kReduceScatter, rb * H * n.reduce_shard_numel, cross_x));
+    } else {
+      rs[u] = int8_reduce ? op(K::kReduceScatter, int8_reduce_bytes(model.units[u], G, G), shard_x)
+                          : op(K::kReduceScatter, reduce_bytes, shard_x);
+    }
+    if (int8_reduce) {
+      // Quantising the blocks sent (on the communication thread after a host stage, counted here
+      // as compute-thread copies either way) and decoding the n received into float32 and their
+      // sum: the int8 all-gather's passes over the n x S' elements of the stage.
+      const int64_t staged = (hs > 0 ? H : G) * n.reduce_shard_numel;
+      pack_copy[u] += copy_s(kInt8EncodeBytesPerElem * staged + (kInt8DecodeBytesPerElem + 4 + 8) * staged);
+    }
     if (st.shard_over == ShardOver::kHybridGroup && G < N) rep[u] = op(K::kAllReduce, rb * n.reduce_shard_numel, rep_x);
     if (ddp) {
       for (int64_t b : ddp_bucket_numels(model.units[u], setup.bucket_cap_bytes, rb)) {

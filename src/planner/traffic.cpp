@@ -19,6 +19,8 @@ const char* to_string(GroupKind g) {
     case GroupKind::kReplicate: return "replicate";
     case GroupKind::kWorld: return "world";
     case GroupKind::kNode: return "node";
+    case GroupKind::kHost: return "host";
+    case GroupKind::kCrossHost: return "cross_host";
   }
   return "?";
 }
@@ -45,6 +47,12 @@ bool group_crosses_nodes(const Parallelism& par, GroupKind group) {
       const int64_t g = par.node_group_size();
       return g > 0 && (g > node || node % g != 0);
     }
+    case GroupKind::kHost: {
+      const int64_t h = par.host_stage_size();
+      return h > 0 && (h > node || node % h != 0);
+    }
+    case GroupKind::kCrossHost:  // ranks r, r + h, ... spanning the shard group
+      return par.host_stage_size() > 0 && (G > node || node % G != 0);
   }
   return true;
 }
@@ -55,6 +63,8 @@ GroupPlacement group_placement(const Parallelism& par, GroupKind group) {
   g.ranks = group == GroupKind::kShard       ? G
             : group == GroupKind::kReplicate ? N / G
             : group == GroupKind::kNode      ? std::max<int64_t>(1, par.node_group_size())
+            : group == GroupKind::kHost      ? std::max<int64_t>(1, par.host_stage_size())
+            : group == GroupKind::kCrossHost ? G / std::max<int64_t>(1, par.host_stage_size())
                                              : N;
   g.node_size = node;
   if (!group_crosses_nodes(par, group)) return g;
@@ -64,6 +74,12 @@ GroupPlacement group_placement(const Parallelism& par, GroupKind group) {
     case GroupKind::kShard: g.nodes = std::max<int64_t>(2, ceil_div(G, node)); break;
     case GroupKind::kReplicate: g.nodes = ceil_div(g.ranks, G < node && node % G == 0 ? node / G : 1); break;
     case GroupKind::kNode: g.nodes = std::max<int64_t>(2, ceil_div(g.ranks, node)); break;
+    case GroupKind::kHost: g.nodes = std::max<int64_t>(2, ceil_div(g.ranks, node)); break;
+    case GroupKind::kCrossHost: {
+      const int64_t h = par.host_stage_size();
+      g.nodes = ceil_div(g.ranks, h < node && node % h == 0 ? node / h : 1);
+      break;
+    }
   }
   return g;
 }
@@ -89,14 +105,38 @@ StepTraffic step_traffic(const ModelSpec& model, const Parallelism& par, const S
     c.logical_bytes = bytes;
     c.wire_bytes = ring_wire_bytes(kind, bytes, c.group_size);
     t.calls.push_back(c);
-    KindTotals& k = kind == K::kAllGather ? t.all_gather : kind == K::kReduceScatter ? t.reduce_scatter : t.all_reduce;
+    KindTotals& k = kind == K::kAllGather       ? t.all_gather
+                    : kind == K::kReduceScatter ? t.reduce_scatter
+                    : kind == K::kAllToAll      ? t.all_to_all
+                                                : t.all_reduce;
     k.calls += 1;
     k.logical_bytes += bytes;
     k.wire_bytes += c.wire_bytes;
   };
   const int64_t U = static_cast<int64_t>(model.units.size());
+  // Host-aware collectives: across hosts (H ranks, H of the G blocks), then inside the host.
+  const int64_t h = par.host_stage_size(), H = h > 0 ? G / h : 1;
   auto gather = [&](int64_t u) {
-    if (un[u].numel > 0) add(K::kAllGather, GroupKind::kShard, u, all_gather_bytes(setup, model.units[u], G));
+    if (un[u].numel == 0) return;
+    const int64_t bytes = all_gather_bytes(setup, model.units[u], G);
+    if (h > 0) add(K::kAllGather, GroupKind::kCrossHost, u, bytes / G * H);
+    add(K::kAllGather, h > 0 ? GroupKind::kHost : GroupKind::kShard, u, bytes);
+  };
+  const bool int8_reduce = setup.reduce_scatter_codec == fsdp::WireCodec::kInt8 && G > 1;
+  auto reduce = [&](int64_t u) {
+    const int64_t bytes = rb * un[u].reduce_numel;
+    if (h > 0) {
+      add(K::kReduceScatter, GroupKind::kHost, u, bytes);
+      if (int8_reduce) {
+        add(K::kAllToAll, GroupKind::kCrossHost, u, int8_reduce_bytes(model.units[u], G, H));
+      } else {
+        add(K::kReduceScatter, GroupKind::kCrossHost, u, rb * H * un[u].reduce_shard_numel);
+      }
+    } else if (int8_reduce) {
+      add(K::kAllToAll, GroupKind::kShard, u, int8_reduce_bytes(model.units[u], G, G));
+    } else {
+      add(K::kReduceScatter, GroupKind::kShard, u, bytes);
+    }
   };
   // hpZ: the backward's gather of a kept node-local shard (param dtype, never int8 encoded).
   const int64_t gn = par.node_group_size();
@@ -124,7 +164,7 @@ StepTraffic step_traffic(const ModelSpec& model, const Parallelism& par, const S
         }
         continue;
       }
-      add(K::kReduceScatter, GroupKind::kShard, u, rb * un[u].reduce_numel);
+      reduce(u);
       if (st.shard_over == ShardOver::kHybridGroup && G < N) add(K::kAllReduce, GroupKind::kReplicate, u, rb * un[u].reduce_shard_numel);
     }
   }

@@ -38,8 +38,10 @@ class AllGatherCodec {
 
 /// The cast codec: cast to `param_dtype` (no copy when it is the master's dtype), then an
 /// all-gather over the shard group when `gathers` (foreach_all_gather), a local cast copy
-/// otherwise (local_cast: no_shard with a param_dtype); decode is copy_out.
-std::unique_ptr<AllGatherCodec> cast_all_gather_codec(c10::ScalarType param_dtype, bool gathers);
+/// otherwise (local_cast: no_shard with a param_dtype); decode is copy_out. With `hosts` active
+/// the gather runs in two stages ([Note: host-aware collectives]; issue_all_gather).
+std::unique_ptr<AllGatherCodec> cast_all_gather_codec(c10::ScalarType param_dtype, bool gathers,
+                                                      HostGroups hosts = {});
 
 /// The int8 codec (WireCodec::kInt8): encode quantises this rank's master shard, padding
 /// included, with blocks restarting at every param (comm::int8_block_quantize over `segments`:
@@ -47,7 +49,9 @@ std::unique_ptr<AllGatherCodec> cast_all_gather_codec(c10::ScalarType param_dtyp
 /// world x comm::int8_payload_bytes(segments)); decode dequantises every rank's block into a
 /// (world, S) param_dtype buffer, one block at a time, then copies the params out of it as
 /// copy_out does. At world 1 the payload is decoded locally (the same values as at any world size).
-std::unique_ptr<AllGatherCodec> int8_all_gather_codec(c10::ScalarType param_dtype, std::vector<int64_t> segments);
+/// With `hosts` active the payloads are gathered in two stages (issue_all_gather).
+std::unique_ptr<AllGatherCodec> int8_all_gather_codec(c10::ScalarType param_dtype, std::vector<int64_t> segments,
+                                                      HostGroups hosts = {});
 
 /// The segments of a unit's flat shard: each param's padded_shard_numel, in layout order.
 std::vector<int64_t> shard_segments(const shard::FlatLayout& layout);
@@ -56,6 +60,6 @@ std::vector<int64_t> shard_segments(const shard::FlatLayout& layout);
 /// int8_all_gather_codec over the layout's segments for kInt8 (which needs `gathers`: fsdp::Error
 /// otherwise, already refused by validated_shard_size).
 std::unique_ptr<AllGatherCodec> make_all_gather_codec(WireCodec codec, c10::ScalarType param_dtype, bool gathers,
-                                                      const shard::FlatLayout& layout);
+                                                      const shard::FlatLayout& layout, HostGroups hosts = {});
 
 }  // namespace fsdp::detail

@@ -1,5 +1,7 @@
 #include "fsdp/runtime/fsdp_param.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 
@@ -106,14 +108,25 @@ void FSDPParam::copy_rows_from(const at::Tensor& full, int64_t rank) {
       .copy_(full.detach().reshape({s.dim0, s.row_numel}).narrow(0, s.row_offset(rank), rows));
 }
 
+namespace {
+
+// blocks as (h, H, S): a rank-major (world, S) is the host-aware order with one host.
+at::Tensor host_order(const at::Tensor& blocks) { return blocks.dim() == 2 ? blocks.unsqueeze(1) : blocks; }
+
+}  // namespace
+
 void FSDPParam::copy_in_unsharded(const at::Tensor& blocks, int64_t offset) {
   at::NoGradGuard no_grad;
   alloc_unsharded();
   const auto& s = spec;
   if (s.padded_shard_numel() == 0) return;
-  const int64_t world = blocks.size(0);
-  unsharded_padded.view({world, s.rows_per_rank, s.row_numel})
-      .copy_(blocks.narrow(1, offset, s.padded_shard_numel()).view({world, s.rows_per_rank, s.row_numel}));
+  const at::Tensor b = host_order(blocks);
+  const int64_t per_host = b.size(0), hosts = b.size(1);
+  // Rank k*h + l's rows come from [l][k]: one strided copy puts them in rank order.
+  unsharded_padded.view({hosts, per_host, s.rows_per_rank, s.row_numel})
+      .copy_(b.narrow(2, offset, s.padded_shard_numel())
+                 .view({per_host, hosts, s.rows_per_rank, s.row_numel})
+                 .transpose(0, 1));
 }
 
 at::Tensor FSDPParam::release_unsharded_grad(const ErrorContext& where) {
@@ -129,26 +142,32 @@ at::Tensor FSDPParam::release_unsharded_grad(const ErrorContext& where) {
 void FSDPParam::take_unsharded_grad(const at::Tensor& blocks, int64_t offset, const std::string& where) {
   at::NoGradGuard no_grad;
   const auto& s = spec;
-  const int64_t world = blocks.size(0);
-  at::Tensor dst = blocks.narrow(1, offset, s.padded_shard_numel());  // (world, rows_per_rank*row_numel)
+  const at::Tensor b = host_order(blocks);
+  const int64_t per_host = b.size(0), hosts = b.size(1);
   at::Tensor g = release_unsharded_grad(ErrorContext{-1, where, "reduce_scatter"});  // freed once packed
-  if (!g.defined() || s.padded_shard_numel() == 0) {
-    if (s.padded_shard_numel() > 0) dst.zero_();  // no gradient on this rank this step: zeros
-    return;
-  }
-  at::Tensor rows = g.reshape({s.dim0, s.row_numel});
-  at::Tensor out = dst.view({world, s.rows_per_rank, s.row_numel});
-  const int64_t full = s.rows_per_rank ? s.dim0 / s.rows_per_rank : 0;  // ranks with all rows real
-  const int64_t rem = s.dim0 - full * s.rows_per_rank;
-  if (full > 0) {
-    out.narrow(0, 0, full).copy_(rows.narrow(0, 0, full * s.rows_per_rank).view({full, s.rows_per_rank, s.row_numel}));
-  }
-  if (full < world) {
-    // The rank holding the last real rows, then padding (and ranks with empty shards) as zeros.
-    at::Tensor partial = out[full];
-    if (rem > 0) partial.narrow(0, 0, rem).copy_(rows.narrow(0, full * s.rows_per_rank, rem));
-    partial.narrow(0, rem, s.rows_per_rank - rem).zero_();
-    if (full + 1 < world) out.narrow(0, full + 1, world - full - 1).zero_();
+  if (s.padded_shard_numel() == 0) return;
+  at::Tensor rows = g.defined() ? g.reshape({s.dim0, s.row_numel}) : at::Tensor();
+  for (int64_t k = 0; k < hosts; ++k) {
+    // Host k's ranks k*h .. k*h+h-1, a (h, rows_per_rank, row_numel) view of their blocks.
+    at::Tensor out = b.select(1, k).narrow(1, offset, s.padded_shard_numel()).view({per_host, s.rows_per_rank, s.row_numel});
+    if (!rows.defined()) {
+      out.zero_();  // no gradient on this rank this step: zeros
+      continue;
+    }
+    const int64_t first_row = k * per_host * s.rows_per_rank;
+    const int64_t real = std::clamp<int64_t>(s.dim0 - first_row, 0, per_host * s.rows_per_rank);
+    const int64_t full = s.rows_per_rank ? real / s.rows_per_rank : 0;  // ranks with all rows real
+    const int64_t rem = real - full * s.rows_per_rank;
+    if (full > 0) {
+      out.narrow(0, 0, full).copy_(rows.narrow(0, first_row, full * s.rows_per_rank).view({full, s.rows_per_rank, s.row_numel}));
+    }
+    if (full < per_host) {
+      // The rank holding the last real rows, then padding (and ranks with empty shards) as zeros.
+      at::Tensor partial = out[full];
+      if (rem > 0) partial.narrow(0, 0, rem).copy_(rows.narrow(0, first_row + full * s.rows_per_rank, rem));
+      partial.narrow(0, rem, s.rows_per_rank - rem).zero_();
+      if (full + 1 < per_host) out.narrow(0, full + 1, per_host - full - 1).zero_();
+    }
   }
 }
 

@@ -79,6 +79,10 @@ FSDPUnit::FSDPUnit(std::shared_ptr<torch::nn::Module> module, std::string name,
   const int shard_size = detail::validated_shard_size(options_, group_->size(), where("fully_shard"));
   std::vector<std::string> lines{str_cat("world_size ", group_->size(), " strategy ", to_string(options_.strategy),
                                          " shard_group_size ", shard_size)};
+  lines.push_back(str_cat("wire all_gather_codec ", to_string(options_.all_gather_codec), " reduce_scatter_codec ",
+                          to_string(options_.reduce_scatter_codec), " collective_host_size ",
+                          options_.collective_host_size, " reshard_after_forward_group_size ",
+                          options_.reshard_after_forward_group_size));
   for (const auto& p : params_) lines.push_back(describe(p));
   detail::check_same_on_every_rank(*group_, where("fully_shard"), lines,
                                    "build the same model with the same shapes and options on every rank");
@@ -86,20 +90,32 @@ FSDPUnit::FSDPUnit(std::shared_ptr<torch::nn::Module> module, std::string name,
   shard_group_ = groups.shard;
   replicate_group_ = traits_->replicates_over_group ? group_ : groups.replicate;
   init_shards();
+  detail::HostGroups hosts;
+  const int host_size = options_.collective_host_size;
+  if (host_size > 1 && host_size < shard_size) {
+    // [Note: host-aware collectives]: hosts of host_size consecutive ranks, and the ranks of equal
+    // place on each (split once per (shard group, size) and shared by the units).
+    const detail::UnitGroups split = sub_groups.get(shard_group_, host_size);
+    hosts.host = host_group_ = split.shard;
+    hosts.cross = cross_host_group_ = split.replicate;
+  }
   const int node_size = options_.reshard_after_forward_group_size;
   if (node_size > 0 && node_size < shard_size && !params_.empty()) {
     std::vector<std::vector<int64_t>> shapes;
     for (const auto& p : params_) shapes.push_back(p.shape);
-    node_shard_ = std::make_unique<detail::NodeShard>(sub_groups.blocks(shard_group_, node_size), shapes,
-                                                      param_dtype_, sharded_flat_.device());
+    comm::ProcessGroupPtr node =
+        host_group_ && node_size == host_size ? host_group_ : sub_groups.blocks(shard_group_, node_size);
+    node_shard_ = std::make_unique<detail::NodeShard>(node, shapes, param_dtype_, sharded_flat_.device());
   }
   // The unit's two seams, chosen once from its traits row ([Note: master and gather shards]).
-  gather_codec_ =
-      detail::make_all_gather_codec(options_.all_gather_codec, param_dtype_, traits_->gathers_params, gather_layout_);
+  gather_codec_ = detail::make_all_gather_codec(options_.all_gather_codec, param_dtype_, traits_->gathers_params,
+                                                gather_layout_, hosts);
   detail::GradientSyncArgs sync;
   sync.params = &params_;
   sync.shard_group = shard_group_;
   sync.replicate_group = replicate_group_;
+  sync.reduce_scatter_codec = options_.reduce_scatter_codec;
+  sync.hosts = hosts;
   sync.reduce_dtype = reduce_dtype_;
   sync.bucket_cap_bytes = options_.bucket_cap_bytes.value_or(kDefaultBucketCapBytes);
   sync.tag = [this](const char* phase) { return tag(phase); };
@@ -218,6 +234,10 @@ int64_t FSDPUnit::unsharded_param_bytes() const {
 int64_t FSDPUnit::node_shard_bytes() const { return node_shard_ ? node_shard_->bytes() : 0; }
 
 comm::ProcessGroupPtr FSDPUnit::node_group() const { return node_shard_ ? node_shard_->group() : nullptr; }
+
+std::pair<comm::ProcessGroupPtr, comm::ProcessGroupPtr> FSDPUnit::host_groups() const {
+  return {host_group_, cross_host_group_};
+}
 
 int64_t FSDPUnit::unsharded_grad_bytes() const {
   int64_t n = 0;

@@ -15,6 +15,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/runtime/fsdp_param.h"
 #include "strategy.h"
+#include "unit_collectives.h"
 
 namespace fsdp::detail {
 
@@ -26,6 +27,10 @@ struct GradientSyncArgs {
   comm::ProcessGroupPtr replicate_group;  ///< all-reduce over replicas (may be null for reduce-scatter)
   c10::ScalarType reduce_dtype = c10::kFloat;
   int64_t bucket_cap_bytes = 0;           ///< DDP bucket size (buckets only)
+  /// The reduce-scatter's wire (reduce-scatter only): FullyShardOptions::reduce_scatter_codec and
+  /// the host-aware groups ([Note: host-aware collectives]).
+  WireCodec reduce_scatter_codec = WireCodec::kNone;
+  HostGroups hosts;
   /// The tag of the unit's collectives in a phase (its name and the tree's forward pass).
   std::function<comm::OpTag(const char* phase)> tag;
 };

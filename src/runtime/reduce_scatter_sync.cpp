@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "gradient_sync.h"
+#include "all_gather_codec.h"
 #include "unit_collectives.h"
 
 namespace fsdp::detail {
@@ -22,7 +23,7 @@ class ReduceScatterSync final : public GradientSync {
   void issue(const comm::OpTag& tag) override {
     reduce_ = std::make_unique<ReduceScatterResult>(foreach_reduce_scatter(
         *args_.params, reduce_index_, reduce_layout_, *args_.shard_group, args_.replicate_group.get(),
-        comm::CommContext::for_group(*args_.shard_group), args_.reduce_dtype, tag));
+        comm::CommContext::for_group(*args_.shard_group), args_.reduce_dtype, tag, wire_));
   }
 
   bool has_reduction_in_flight() const override { return reduce_ != nullptr; }
@@ -47,6 +48,9 @@ class ReduceScatterSync final : public GradientSync {
       reduce_index_.push_back(static_cast<int>(i));
     }
     reduce_layout_ = shard::FlatLayout::make(shapes, args_.shard_group->size());
+    wire_.codec = args_.reduce_scatter_codec;
+    wire_.segments = shard_segments(reduce_layout_);
+    wire_.hosts = args_.hosts;
   }
 
   void set_armed(bool) override {}
@@ -55,7 +59,7 @@ class ReduceScatterSync final : public GradientSync {
 
   void drop() noexcept override {
     if (!reduce_) return;
-    for (const auto& w : {reduce_->work, reduce_->replica_work}) {
+    for (const auto& w : {reduce_->first, reduce_->work, reduce_->replica_work}) {
       try {
         if (w) w->wait();  // never free a buffer a collective reads or writes
       } catch (...) {
@@ -72,6 +76,7 @@ class ReduceScatterSync final : public GradientSync {
   GradientSyncArgs args_;
   shard::FlatLayout reduce_layout_;  // params with requires_grad, in order
   std::vector<int> reduce_index_;    // reduce_layout_ entry j -> params index
+  ReduceScatterWire wire_;           // codec, its segments over reduce_layout_, host groups
   std::unique_ptr<ReduceScatterResult> reduce_;
 };
 

@@ -76,7 +76,8 @@ comm::AbandonResult Scheduler::abandon_collectives(comm::AbandonedPass::Kind kin
   std::vector<comm::ProcessGroup*> groups;
   for (const auto& u : units()) {
     const comm::ProcessGroupPtr node = u->node_group();  // [Note: node-local reshard]
-    for (const auto* g : {&u->group(), &u->shard_group(), &u->replicate_group(), &node}) {
+    const auto [host, cross] = u->host_groups();         // [Note: host-aware collectives]
+    for (const auto* g : {&u->group(), &u->shard_group(), &u->replicate_group(), &node, &host, &cross}) {
       if (*g && std::find(groups.begin(), groups.end(), g->get()) == groups.end()) groups.push_back(g->get());
     }
   }

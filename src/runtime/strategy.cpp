@@ -71,7 +71,17 @@ int validated_shard_size(const FullyShardOptions& o, int group_size, const Error
   FSDP_CHECK(t.gathers_params || o.all_gather_codec == WireCodec::kNone, ErrorKind::kInvalidArgument, where,
              "all_gather_codec ", to_string(o.all_gather_codec), " applies to strategies that all-gather params; ",
              name, " keeps every param on every rank (leave it none)");
+  FSDP_CHECK(t.grad_sync == GradSync::kReduceScatter || o.reduce_scatter_codec == WireCodec::kNone,
+             ErrorKind::kInvalidArgument, where, "reduce_scatter_codec ", to_string(o.reduce_scatter_codec),
+             " applies to strategies that reduce-scatter gradients; ", name,
+             " all-reduces them in buckets (leave it none)");
+  FSDP_CHECK(o.collective_host_size == 0 || t.grad_sync == GradSync::kReduceScatter, ErrorKind::kInvalidArgument,
+             where, "collective_host_size ", o.collective_host_size, " applies to strategies that all-gather params and ",
+             "reduce-scatter gradients; ", name, " all-reduces them in buckets (leave it 0)");
   const int shard_size = static_cast<int>(shard_group_size_of(o.strategy, o.hybrid_shard_group_size, group_size, where));
+  FSDP_CHECK(o.collective_host_size >= 0 && (o.collective_host_size == 0 || shard_size % o.collective_host_size == 0),
+             ErrorKind::kInvalidArgument, where, "collective_host_size ", o.collective_host_size,
+             " must divide the shard group size ", shard_size, " (or be 0: off)");
   if (o.reshard_after_forward_group_size != 0) {
     const int g = o.reshard_after_forward_group_size;
     FSDP_CHECK(o.reshard_after_forward.value_or(t.reshard_after_forward), ErrorKind::kInvalidArgument, where,

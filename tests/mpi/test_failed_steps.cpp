@@ -299,14 +299,20 @@ void expect_skipped_batches_never_seen(const std::vector<Failure>& plan) {
   const int N = g->size(), r = g->rank();
   const auto expected = static_cast<int>(std::count(plan.begin(), plan.end(), Failure::kNone));
   fsdp::accounting::install_counting_allocator();
-  // Every strategy, and full_shard resharded after forward to pairs of ranks (its backward's
-  // gathers on a node-local group of their own, which a failed step must put back too).
+  // Every strategy, full_shard resharded after forward to pairs of ranks, and full_shard with
+  // host-aware collectives over pairs (the backward's gathers and the collectives' stages on groups
+  // of their own, which a failed step must put back too).
   std::vector<std::pair<std::string, fsdp::FullyShardOptions>> configs;
   for (auto s : implemented_strategies()) configs.emplace_back(fsdp::to_string(s), options_for(s, N));
   if (N == 4) {
     auto o = options_for(fsdp::ShardingStrategy::kFullShard, N);
     o.reshard_after_forward_group_size = 2;
     configs.emplace_back("full_shard, node-local reshard to 2", o);
+    // Host-aware collectives over pairs: two chained stages per collective, on two more groups a
+    // failed step must settle as well.
+    o = options_for(fsdp::ShardingStrategy::kFullShard, N);
+    o.collective_host_size = 2;
+    configs.emplace_back("full_shard, host-aware collectives over pairs", o);
   }
   for (const auto& [name, options] : configs) {
     SCOPED_TRACE(name);

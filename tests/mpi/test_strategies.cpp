@@ -80,12 +80,15 @@ int64_t padded_full_numel(const fp::ModelSpec& m, int64_t G) {
 
 std::shared_ptr<ChainImpl> sharded_chain(ShardingStrategy s, const fsdp::comm::ProcessGroupPtr& g,
                                          int64_t bucket_cap = 0,
-                                         fsdp::WireCodec codec = fsdp::WireCodec::kNone, int node = 0) {
+                                         fsdp::WireCodec codec = fsdp::WireCodec::kNone, int node = 0,
+                                         int host = 0, fsdp::WireCodec rs_codec = fsdp::WireCodec::kNone) {
   torch::manual_seed(1);
   auto model = Chain(kWidths).ptr();
   auto o = options_for(s, g->size());
   o.all_gather_codec = codec;
   o.reshard_after_forward_group_size = node;
+  o.collective_host_size = host;
+  o.reduce_scatter_codec = rs_codec;
   if (bucket_cap > 0 && s == ShardingStrategy::kNoShard) o.bucket_cap_bytes = bucket_cap;  // no_shard's only
   fsdp::fully_shard_tree(model, g, fsdp::wrap_by_type<torch::nn::LinearImpl>(), o);
   return model;
@@ -176,7 +179,10 @@ TEST(Strategies, ModelStateBytesFollowTheFormula) {
 //   hybrid_shard   AG 2U x 4Ppad(G), RS U x 4Ppad(G), AR U x 4Ppad(G)/G (none when G = N)
 // (the root, Chain itself, has no parameters: no collective of its own). With the int8
 // all-gather codec every all-gather carries G x int8_payload_bytes(S) instead of G x 4S; with
-// full_shard resharded to 2 ranks after forward (N = 4) the backward's carry 2 x 4 S_2.
+// full_shard resharded to 2 ranks after forward (N = 4) the backward's carry 2 x 4 S_2. With
+// host-aware collectives (hosts of 2, N = 4) each all-gather and reduce-scatter is two calls (across
+// hosts: 2 blocks; inside: the whole); an int8 reduce-scatter is an all-to-all of n payloads of the
+// unit's reduce shard (n = G, or the 2 hosts after the host stage).
 TEST(Strategies, CollectiveCountsAndBytesPerStep) {
   auto g = world();
   const int N = g->size();
@@ -186,6 +192,8 @@ TEST(Strategies, CollectiveCountsAndBytesPerStep) {
     ShardingStrategy s;
     fsdp::WireCodec codec;
     int node;
+    int host = 0;
+    fsdp::WireCodec rs_codec = fsdp::WireCodec::kNone;
   };
   std::vector<Config> configs;
   for (auto codec : {fsdp::WireCodec::kNone, fsdp::WireCodec::kInt8}) {
@@ -193,14 +201,22 @@ TEST(Strategies, CollectiveCountsAndBytesPerStep) {
       if (codec == fsdp::WireCodec::kNone || fsdp::traits_of(s).gathers_params) configs.push_back({s, codec, 0});
     }
   }
-  if (N == 4) configs.push_back({ShardingStrategy::kFullShard, fsdp::WireCodec::kNone, 2});
-  for (const auto& [s, codec, node] : configs) {
-    SCOPED_TRACE(fsdp::to_string(s) + " all_gather_codec " + fsdp::to_string(codec) + " node " + std::to_string(node));
+  if (N >= 2) configs.push_back({ShardingStrategy::kFullShard, fsdp::WireCodec::kNone, 0, 0, fsdp::WireCodec::kInt8});
+  if (N == 4) {
+    configs.push_back({ShardingStrategy::kFullShard, fsdp::WireCodec::kNone, 2});
+    configs.push_back({ShardingStrategy::kFullShard, fsdp::WireCodec::kInt8, 2, 2});
+    configs.push_back({ShardingStrategy::kShardGradOp, fsdp::WireCodec::kNone, 0, 2, fsdp::WireCodec::kInt8});
+  }
+  for (const auto& [s, codec, node, host, rs_codec] : configs) {
+    SCOPED_TRACE(fsdp::to_string(s) + " all_gather_codec " + fsdp::to_string(codec) + " node " + std::to_string(node) +
+                 " host " + std::to_string(host) + " reduce_scatter_codec " + fsdp::to_string(rs_codec));
     const int G = shard_size_of(s, N);
     fp::StepSetup setup = chain_step(cap);
     setup.all_gather_codec = codec;
+    setup.reduce_scatter_codec = rs_codec;
     fp::Parallelism par = parallelism_of(s, N);
     par.reshard_after_forward_group_size = node;
+    par.collective_host_size = host;
     const fp::StepTraffic plan = fp::step_traffic(spec, par, setup);
     const StepComm want{plan.all_gather.calls,     plan.all_gather.logical_bytes,
                         plan.reduce_scatter.calls, plan.reduce_scatter.logical_bytes,
@@ -215,9 +231,21 @@ TEST(Strategies, CollectiveCountsAndBytesPerStep) {
         if (!segments.empty()) per_pass += G * fsdp::comm::int8_payload_bytes(segments);
       }
       const int64_t passes = fsdp::traits_of(s).reshard_after_forward ? 2 : 1;
-      EXPECT_EQ(want.ag_bytes, passes * per_pass);
+      if (node == 0 && host == 0) EXPECT_EQ(want.ag_bytes, passes * per_pass);
     }
-    auto model = sharded_chain(s, g, cap, codec, node);
+    if (rs_codec == fsdp::WireCodec::kInt8) {
+      // By hand: per unit n payloads of its reduce shard (weight and bias trainable).
+      const int64_t n = host ? G / host : G;
+      int64_t bytes = 0;
+      for (const auto& u : spec.units) {
+        std::vector<int64_t> segments;
+        for (const auto& p : u.params) segments.push_back(fsdp::shard::ParamShardSpec::make(p.shape, G).padded_shard_numel());
+        if (!segments.empty()) bytes += n * fsdp::comm::int8_payload_bytes(segments);
+      }
+      EXPECT_EQ(plan.all_to_all.logical_bytes, bytes);
+    }
+    auto model = sharded_chain(s, g, cap, codec, node, host, rs_codec);
+    const int a2a = static_cast<int>(fsdp::comm::CollectiveKind::kAllToAll);
     torch::optim::AdamW opt(fsdp::parameters(model), torch::optim::AdamWOptions(1e-3));
     for (int step = 0; step < 3; ++step) {
       auto before = g->stats().snapshot();
@@ -229,6 +257,9 @@ TEST(Strategies, CollectiveCountsAndBytesPerStep) {
       EXPECT_EQ(d.rs_bytes, want.rs_bytes) << "step " << step;
       EXPECT_EQ(d.ar_calls, want.ar_calls) << "step " << step;
       EXPECT_EQ(d.ar_bytes, want.ar_bytes) << "step " << step;
+      const auto after = g->stats().snapshot();
+      EXPECT_EQ(after[a2a].calls - before[a2a].calls, plan.all_to_all.calls) << "step " << step;
+      EXPECT_EQ(after[a2a].bytes - before[a2a].bytes, plan.all_to_all.logical_bytes) << "step " << step;
       if (g->rank() == 0 && step == 2) {
         std::printf("[strategy comm] %-13s N=%d G=%d P=%lld: AG %lld calls %lld B, RS %lld calls %lld B, "
                     "AR %lld calls %lld B; total %.2f x 4P\n",

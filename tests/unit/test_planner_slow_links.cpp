@@ -134,12 +134,33 @@ TEST(PlannerSlowLinks, ABandwidthBoundPlanNamesTheSlowLinkFlags) {
   const auto notes = fp::slow_link_notes(in, slow);
   ASSERT_EQ(notes.size(), 1u);
   EXPECT_NE(notes[0].find("full_shard is bandwidth-bound here"), std::string::npos) << notes[0];
-  EXPECT_NE(notes[0].find("--all-gather-codec int8 --reshard-after-forward host (full_shard(node=8))"),
+  EXPECT_NE(notes[0].find("--all-gather-codec int8 --reshard-after-forward host --host-aware-collectives host "
+                          "--reduce-scatter-codec int8 (full_shard(node=8,host=8))"),
             std::string::npos)
       << notes[0];
   EXPECT_NE(std::find(slow.notes.begin(), slow.notes.end(), notes[0]), slow.notes.end()) << "in the plan's notes";
   // Asked with the flags already, it has nothing to add.
   in.step.all_gather_codec = fsdp::WireCodec::kInt8;
   in.reshard_after_forward_group_size = -1;
-  EXPECT_TRUE(fp::slow_link_notes(in, fp::make_plan(in)).empty());
+  in.collective_host_size = -1;
+  in.step.reduce_scatter_codec = fsdp::WireCodec::kInt8;
+  const fp::Plan with_flags = fp::make_plan(in);
+  ASSERT_EQ(with_flags.recommendation.choice.label(), "full_shard(node=8,host=8)");
+  EXPECT_TRUE(fp::slow_link_notes(in, with_flags).empty());
+  // Host-aware, only the cross-host stages cross nodes: H = 2 of the 16 blocks per all-gather.
+  const fp::StrategyPlan* fs = nullptr;
+  for (const auto& sp : with_flags.strategies) {
+    if (sp.parallelism.label() == "full_shard(node=8,host=8)") fs = &sp;
+  }
+  ASSERT_NE(fs, nullptr);
+  double crossing = 0;
+  for (const auto& c : fs->traffic.calls) {
+    if (c.kind != fsdp::comm::CollectiveKind::kAllGather) continue;
+    if (c.crosses_nodes) {
+      EXPECT_EQ(c.group, fp::GroupKind::kCrossHost);
+      EXPECT_EQ(c.group_size, 2);
+      crossing += c.logical_bytes;
+    }
+  }
+  EXPECT_GT(crossing, 0);
 }

@@ -35,6 +35,10 @@ struct PlanInputs {
   /// after forward (full_shard, hybrid_shard) whose shard group it divides (its label says
   /// "node=g"); the others are planned without it.
   int64_t reshard_after_forward_group_size = 0;
+  /// Host-aware collectives (Parallelism::collective_host_size) with this many ranks per host, -1 =
+  /// the ranks per node, 0 = off: applied to every candidate that reduce-scatters whose shard group
+  /// it divides and spans more than it (its label says "host=h"); the others are planned without.
+  int64_t collective_host_size = 0;
   StepSetup step;
   DeviceProfile profile;
   int64_t memory_per_rank_bytes = 0;  ///< 0: the profile's

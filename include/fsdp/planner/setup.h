@@ -29,6 +29,12 @@ struct UnitSpec;
 /// every param; the engine's CommStats count exactly this).
 int64_t all_gather_bytes(const StepSetup& setup, const UnitSpec& unit, int64_t shard_group_size);
 
+/// The int8 all-to-all that replaces a reduce-scatter over `ranks` ranks (StepSetup::
+/// reduce_scatter_codec): ranks x comm::int8_payload_bytes(segments), the segments being the
+/// padded shard numel of each trainable param of `unit` over `shard_group_size` ranks (the engine's
+/// reduce layout); 0 for a unit without trainable params.
+int64_t int8_reduce_bytes(const UnitSpec& unit, int64_t shard_group_size, int64_t ranks);
+
 /// The optimizer, for its state per trainable element (the engine's optimizer-state adapter).
 enum class OptimizerKind {
   kAdamW,        ///< exp_avg + exp_avg_sq: 8 bytes per element (fp32)
@@ -57,6 +63,13 @@ struct Parallelism {
   int64_t reshard_after_forward_group_size = 0;
   /// g when the node-local reshard is active (0 < g < shard_group_size()), else 0.
   int64_t node_group_size() const;
+  /// Host-aware all-gathers and reduce-scatters (FullyShardOptions::collective_host_size): with h
+  /// ranks per host, each all-gather runs across hosts (GroupKind::kCrossHost, G/h ranks) then inside
+  /// the host (GroupKind::kHost, h ranks), each reduce-scatter inside the host then across hosts.
+  /// 0 = off; 1 or the shard group size: off as well. Only with strategies that reduce-scatter.
+  int64_t collective_host_size = 0;
+  /// h when the host-aware collectives are active (1 < h < shard_group_size()), else 0.
+  int64_t host_stage_size() const;
 
   /// Ranks a unit's rows are spread over: 1 (no_shard), G (hybrid_shard), else world_size.
   int64_t shard_group_size() const;
@@ -70,7 +83,7 @@ struct Parallelism {
   /// dividing the shard group size.
   void validate() const;
   /// "full_shard", or "hybrid_shard(G=8)"; with an active node-local reshard "full_shard(node=2)",
-  /// "hybrid_shard(G=8,node=4)".
+  /// "hybrid_shard(G=8,node=4)"; with host-aware collectives "full_shard(host=2)", ...
   std::string label() const;
 };
 
@@ -119,6 +132,11 @@ struct StepSetup {
   /// adds the quantising and decoding passes to the unshard's copies. A strategy that gathers
   /// nothing (no_shard) has no all-gather for it to change.
   fsdp::WireCodec all_gather_codec = fsdp::WireCodec::kNone;
+  /// What the reduce-scatters carry (FullyShardOptions::reduce_scatter_codec): kInt8 replaces the
+  /// reduce-scatter (with host-aware collectives: its stage across hosts) by an all-to-all of
+  /// n x comm::int8_payload_bytes(reduce shard) bytes (int8_reduce_bytes), and adds the quantising
+  /// and decoding passes. A strategy that all-reduces (no_shard) has none for it to change.
+  fsdp::WireCodec reduce_scatter_codec = fsdp::WireCodec::kNone;
   /// Loss scaling (fsdp-train uses it with fp16): one all-reduce of an int64 flag per step.
   bool loss_scaling = false;
   /// fsdp-train checks every step that the loss and the gradients are finite on every rank: one

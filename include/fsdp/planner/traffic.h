@@ -19,8 +19,10 @@ enum class GroupKind {
   kReplicate,  ///< hybrid_shard's replicate group (N/G ranks holding the same rows)
   kWorld,      ///< the whole data-parallel group (no_shard buckets, grad-norm and loss-scaler flags)
   kNode,       ///< the node-local group of Parallelism::node_group_size() consecutive ranks (hpZ)
+  kHost,       ///< host-aware collectives' stage inside the host: host_stage_size() consecutive ranks
+  kCrossHost,  ///< their stage across hosts: shard_group_size() / host_stage_size() ranks, one per host
 };
-/// "shard", "replicate", "world", "node".
+/// "shard", "replicate", "world", "node", "host", "cross_host".
 const char* to_string(GroupKind g);
 
 /// One collective of a step.
@@ -50,11 +52,14 @@ struct KindTotals {
 struct StepTraffic {
   std::vector<CollectiveCall> calls;  ///< in issue order within each micro-batch
   KindTotals all_gather, reduce_scatter, all_reduce;
+  KindTotals all_to_all;  ///< the int8 reduce-scatters (StepSetup::reduce_scatter_codec)
   /// Sum of logical bytes over all kinds.
   int64_t logical_bytes() const {
-    return all_gather.logical_bytes + reduce_scatter.logical_bytes + all_reduce.logical_bytes;
+    return all_gather.logical_bytes + reduce_scatter.logical_bytes + all_reduce.logical_bytes + all_to_all.logical_bytes;
   }
-  double wire_bytes() const { return all_gather.wire_bytes + reduce_scatter.wire_bytes + all_reduce.wire_bytes; }
+  double wire_bytes() const {
+    return all_gather.wire_bytes + reduce_scatter.wire_bytes + all_reduce.wire_bytes + all_to_all.wire_bytes;
+  }
 };
 
 /// Whether a group of `group_size` ranks spans nodes: the shard group of consecutive ranks, or the

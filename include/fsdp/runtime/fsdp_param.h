@@ -67,8 +67,10 @@ struct FSDPParam {
   /// Bytes of unsharded storage allocated now (0 when freed).
   int64_t allocated_unsharded_bytes() const;
 
-  /// Copies this param's rows out of an all-gather result: `blocks` is (world, S) with this
-  /// param's slice at [offset, offset + padded_shard_numel) of every block. Allocates first.
+  /// Copies this param's rows out of an all-gather result: `blocks` is (world, S) rank-major, or
+  /// (h, H, S) in the host-aware order (rank k*h + l's block at [l][k]: host k, place l; [Note:
+  /// host-aware collectives]), with this param's slice at [offset, offset + padded_shard_numel) of
+  /// every block. Allocates first.
   void copy_in_unsharded(const at::Tensor& blocks, int64_t offset);
   /// Takes module_param's unsharded gradient of this backward out of the param (which then holds
   /// none): returns it in the param's shape and dtype, or an undefined tensor when this rank has
@@ -76,7 +78,8 @@ struct FSDPParam {
   /// shape differs from the param's (the gradient is then left in place). Every gradient
   /// reduction (reduce-scatter input, DDP bucket) packs through it.
   at::Tensor release_unsharded_grad(const ErrorContext& where);
-  /// Writes module_param's unsharded gradient into a reduce-scatter input `blocks` (world, S) at
+  /// Writes module_param's unsharded gradient into a reduce-scatter input `blocks` ((world, S)
+  /// rank-major, or (h, H, S) in the host-aware order as for copy_in_unsharded) at
   /// [offset, offset + padded_shard_numel) of every block (rank-major rows, zero padding; zeros when
   /// there is no gradient on this rank), then frees the unsharded gradient. Throws fsdp::Error
   /// (naming `where`) when the gradient's shape differs from the param's.

@@ -7,6 +7,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/comm/process_group.h"
@@ -120,6 +121,10 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   /// The node-local group of reshard_after_forward_group_size, or nullptr when the unit keeps no
   /// node-local shard.
   comm::ProcessGroupPtr node_group() const;
+  /// The groups of the unit's host-aware collectives (collective_host_size; [Note: host-aware
+  /// collectives]): the ranks of this rank's host, then the ranks at its place on every host; both
+  /// nullptr when off.
+  std::pair<comm::ProcessGroupPtr, comm::ProcessGroupPtr> host_groups() const;
   /// Frees the node-local shard kept by a forward (no-op when none). Not collective: every rank
   /// calls it at the same points of the program (a new forward of the tree, the end of backward).
   void drop_node_shard() noexcept;
@@ -236,6 +241,9 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   // is below the shard group size; gather_from_node_ while gather_ is its all-gather.
   std::unique_ptr<detail::NodeShard> node_shard_;
   bool gather_from_node_ = false;
+  // [Note: host-aware collectives]: null unless collective_host_size lies strictly between 1 and the
+  // shard group size.
+  comm::ProcessGroupPtr host_group_, cross_host_group_;
   int64_t forward_index_ = 0;
   std::unique_ptr<detail::AllGatherResult> gather_;
   std::unique_ptr<detail::GradientSync> grad_sync_;  // chosen once from traits_->grad_sync

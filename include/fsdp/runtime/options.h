@@ -115,6 +115,25 @@ struct FullyShardOptions {
   /// and g dividing the shard group size: fsdp::Error otherwise. The root unit never reshards
   /// after a grad-enabled forward, so it keeps nothing.
   int reshard_after_forward_group_size = 0;
+  /// How the gradients travel in the unit's reduce-scatter (ZeRO++'s qgZ, Wang et al. 2023,
+  /// section 3.3). kInt8: each rank block-quantises the blocks it sends (256 elements, one float32
+  /// scale per block, blocks restarting at every param, as the int8 all-gather), they move as bytes
+  /// in one all-to-all, and the receiver dequantises and averages them in float32 in rank order, so
+  /// each value is quantised once. With collective_host_size the host stage runs at reduce_dtype and
+  /// only the cross-host stage is int8. The sharded gradients, the optimizer and hybrid_shard's
+  /// replica all-reduce stay at reduce_dtype. Needs a strategy that reduce-scatters (not no_shard:
+  /// fsdp::Error otherwise); a shard group of one rank has nothing on the wire.
+  WireCodec reduce_scatter_codec = WireCodec::kNone;
+  /// Host-aware all-gathers and reduce-scatters ([Note: host-aware collectives]): with h > 0 the
+  /// shard group's ranks are taken as hosts of h consecutive ranks, and each of the unit's
+  /// all-gathers runs in two stages, across hosts among the ranks of equal place on each host, then
+  /// inside the host; each reduce-scatter inside the host first (the host's average of the blocks
+  /// of its place on every host), then across hosts; so a byte crosses a host link once per host pair instead of
+  /// once per rank. The stages chain on the communication threads (the compute thread never waits
+  /// in between). 0 (default): off. h of 1 or of the shard group size: off too (one stage is the
+  /// whole collective). h must divide the shard group size: fsdp::Error otherwise. The node-local
+  /// reshard's backward gathers already stay inside the node and are unchanged.
+  int collective_host_size = 0;
 };
 
 }  // namespace fsdp
