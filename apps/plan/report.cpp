@@ -258,7 +258,8 @@ std::string format_plan(const fp::Plan& p, const GivenInputs& given) {
 
   bool any_all_to_all = false;  // int8 reduce-scatters move as all-to-alls: a column only then
   for (const auto& s : p.strategies) any_all_to_all = any_all_to_all || s.traffic.all_to_all.calls > 0;
-  std::vector<std::string> traffic_head{"strategy", "all-gather", "reduce-scatter", "all-reduce", "sent/rank"};
+  std::vector<std::string> traffic_head{"strategy", "all-gather", "reduce-scatter", "all-reduce", "sent/rank",
+                                       "across nodes/rank"};
   if (any_all_to_all) traffic_head.insert(traffic_head.begin() + 4, "all-to-all (int8)");
   Table traffic(traffic_head);
   Table t({"strategy", "compute", "update", "copies", "comm", "exposed", "step"});
@@ -268,7 +269,8 @@ std::string format_plan(const fp::Plan& p, const GivenInputs& given) {
   };
   for (const auto& s : p.strategies) {
     std::vector<std::string> row{s.parallelism.label(), kind(s.traffic.all_gather), kind(s.traffic.reduce_scatter),
-                                 kind(s.traffic.all_reduce), b(s.traffic.wire_bytes())};
+                                 kind(s.traffic.all_reduce), b(s.traffic.wire_bytes()),
+                                 b(s.traffic.inter_node_bytes())};
     if (any_all_to_all) row.insert(row.begin() + 4, kind(s.traffic.all_to_all));
     traffic.add(row);
     t.add({s.parallelism.label(), seconds(s.time.compute_s), seconds(s.time.update_s), seconds(s.time.copy_s),

@@ -15,7 +15,9 @@ and for 2 steps per strategy, and reports for each strategy:
   * the formula: inter_host_bytes of step 2 of the metrics (rank 0; [Note: host traffic] in
     include/fsdp/comm/comm_stats.h), and measured / (2 ranks x formula): 1.0 when every rank
     fetches its own copy across the link (pairwise), 0.5 when each byte crosses once per host;
-  * step_time_s and the peak memory of rank 0 (mem.peak_bytes) of step 2.
+  * step_time_s and the peak memory of rank 0 (mem.peak_bytes) of step 2;
+  * the planner's prediction of the formula: fsdp-plan's traffic.inter_node_bytes for the same
+    layout and options (--plan-bin, default fsdp-plan beside --bin).
 Prints one Markdown table row per strategy. Needs root (network namespaces); the hosts are
 removed at the end, also after a failure.
 """
@@ -50,6 +52,8 @@ def main():
     ap.add_argument("--strategies", default="full_shard,hybrid_shard,no_shard")
     ap.add_argument("--batch", default="4", help="--global-batch-size")
     ap.add_argument("--seq-len", default="64")
+    ap.add_argument("--plan-bin", default="", help="fsdp-plan (default: beside --bin)")
+    ap.add_argument("--vocab-size", default="8192", help="the tokenizer's, for fsdp-plan")
     ap.add_argument("--only-2-steps", action="store_true",
                     help="skip the 1-step runs (step times only, no link bytes)")
     a = ap.parse_args()
@@ -61,9 +65,11 @@ def main():
     try:
         with open(os.path.join(env["FSDP_HOSTS_DIR"], "mpirun_args")) as f:
             mpirun_args = f.read().split()
-        print("| strategy | link | formula: inter_host_bytes per rank per step | measured: host 1 "
-              "received per step | measured / (2 ranks x formula) | step time (s) | peak per rank |")
-        print("|---|---|---|---|---|---|---|")
+        print("| strategy | link | formula: inter_host_bytes per rank per step | planner: inter_node_bytes "
+              "| measured: host 1 received per step | measured / (2 ranks x formula) | step time (s) | "
+              "peak per rank |")
+        print("|---|---|---|---|---|---|---|---|")
+        plan_bin = a.plan_bin or os.path.join(os.path.dirname(os.path.abspath(a.bin)), "fsdp-plan")
         options = {"int8": ["--all-gather-codec", "int8"], "hpz": ["--reshard-after-forward", "host"],
                    "host": ["--host-aware-collectives", "host"], "qgz": ["--reduce-scatter-codec", "int8"]}
         for label in a.strategies.split(","):
@@ -91,13 +97,20 @@ def main():
                 rx[n] = counters(env)[prefix + "1"] - c0[prefix + "1"]
                 last = steps(m)[-1]
             formula = last["comm"]["inter_host_bytes"]
+            # fsdp-plan's hybrid group size is a number: 2 ranks per host here.
+            plan_extra = ["2" if i and extra[i - 1] == "--hybrid-shard-group-size" else v for i, v in enumerate(extra)]
+            pl = subprocess.run([plan_bin, "--model", a.model, "--vocab-size", a.vocab_size, "--world-size", "4",
+                                 "--ranks-per-node", "2", "--global-batch-size", a.batch, "--seq-len", a.seq_len,
+                                 "--strategy", strategy, "--json"] + plan_extra, text=True, stdout=subprocess.PIPE)
+            planned = json.loads(pl.stdout)["strategies"][0]["traffic"]["inter_node_bytes"] if pl.returncode == 0 else None
             if a.only_2_steps:
                 measured, ratio = "-", "-"
             else:
                 measured = "%.1f MB" % ((rx[2] - rx[1]) / 1e6)
                 ratio = "%.2f" % ((rx[2] - rx[1]) / (2 * formula))
-            print("| %s | %s | %.1f MB | %s | %s | %.1f | %.0f MB |" % (
-                label, a.rate or "veth, no limit", formula / 1e6, measured, ratio,
+            print("| %s | %s | %.1f MB | %s | %s | %s | %.1f | %.0f MB |" % (
+                label, a.rate or "veth, no limit", formula / 1e6,
+                "-" if planned is None else "%.1f MB" % (planned / 1e6), measured, ratio,
                 last["step_time_s"], last["mem"]["peak_bytes"] / 1e6), flush=True)
     finally:
         subprocess.run(["bash", HOSTS, "down"], env=env)

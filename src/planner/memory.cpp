@@ -162,19 +162,23 @@ PeakBytes peak_bytes(const ModelSpec& model, const Parallelism& par, const StepS
   // Host-aware (H hosts) and int8 reductions hold more from the backward to the end: the host
   // stage's output (H blocks) and the int8 payloads sent and received (n of them: H, or G when flat).
   const bool int8_reduce = scatters && setup.reduce_scatter_codec == fsdp::WireCodec::kInt8;
-  // A flat int8 reduction lets go of its input once quantised (the payloads replace it).
+  // (A flat int8 reduction lets go of its input once quantised; counted all the same, as at its
+  // issue the input, the payloads and the quantising pass's float32 rows are all there.)
   auto reduce_held = [&](size_t u) -> int64_t {  // from the unit's backward until its reduce-scatter ends
-    int64_t held = (int8_reduce && H == 1 ? 0 : reduce_input(u)) + (scatters ? rb * un[u].reduce_shard_numel : 0);
+    int64_t held = reduce_input(u) + (scatters ? rb * un[u].reduce_shard_numel : 0);
     if (scatters && H > 1) held += rb * H * un[u].reduce_shard_numel;
     if (int8_reduce) held += 2 * int8_reduce_bytes(model.units[u], G, H > 1 ? H : G);
     return held;
   };
   auto reduce_running = [&](size_t u) -> int64_t {  // while the communication thread runs it (one at a time)
     if (!scatters) return int64_t{0};
-    // A flat int8 reduction runs no reduce-scatter: its decode holds two float32 rows of S'.
-    if (int8_reduce && H == 1) return 2 * 4 * un[u].reduce_shard_numel;
-    if (setup.reduce_scatter_route == ReduceScatterRoute::kInPlace) return int64_t{0};
-    return reduce_input(u) + (rb < 4 ? 2 * 4 * un[u].reduce_shard_numel : 0);
+    // int8: the quantising pass's float32 copy and magnitudes of one block (and the decode's two
+    // float32 rows of S'); a flat int8 reduction runs no reduce-scatter.
+    const int64_t int8_pass = int8_reduce ? 2 * 4 * un[u].reduce_shard_numel : 0;
+    if (int8_reduce && H == 1) return int8_pass;
+    if (setup.reduce_scatter_route == ReduceScatterRoute::kInPlace) return int8_pass;
+    // The host stage (host-aware) reduces into H blocks: its bf16/fp16 float32 sum is H x S'.
+    return reduce_input(u) + (rb < 4 ? 2 * 4 * H * un[u].reduce_shard_numel : 0) + int8_pass;
   };
   auto reduce_buffers = [&](size_t u) { return reduce_held(u) + reduce_running(u); };
   auto sharded_grad = [&](size_t u) { return 4 * un[u].real_trainable_numel; };

@@ -90,9 +90,10 @@ const StrategyPlan* choose(const std::vector<StrategyPlan>& all, const std::stri
   const StrategyPlan& ddp = all.front();
   const StrategyPlan& fs = all.back();
   if (ddp.fits) {
+    bool least = true;  // "the least data" only when no candidate moves less
+    for (const auto& s : all) least = least && ddp.traffic.wire_bytes() <= s.traffic.wire_bytes();
     *reason = "no_shard (DDP) fits: peak " + gb(ddp.peak.peak_bytes) + " of " + usable_text +
-              ". It needs no all-gathers" +
-              (ddp.traffic.wire_bytes() <= fs.traffic.wire_bytes() ? " and moves the least data (" : " (") +
+              ". It needs no all-gathers" + (least ? " and moves the least data (" : " (") +
               gb(ddp.traffic.wire_bytes()) + " sent per rank per step; full_shard " + gb(fs.traffic.wire_bytes()) +
               "), est. " +
               seconds(ddp.time.step_s) + " per step";
@@ -282,6 +283,25 @@ Plan make_plan(const PlanInputs& given) {
   plan.recommendation = recommend(in, all, rpn, usable, usable_text);
   plan.notes = profile_notes(in);
   for (std::string& note : slow_link_notes(in, plan)) plan.notes.push_back(std::move(note));
+  // A host-aware size or node-local reshard that applies to no row says so (instead of a silent
+  // plan without it).
+  bool host_used = false, node_used = false;
+  for (const auto& sp : plan.strategies) {
+    host_used = host_used || sp.parallelism.host_stage_size() > 0;
+    node_used = node_used || sp.parallelism.node_group_size() > 0;
+  }
+  if (in.collective_host_size != 0 && !host_used) {
+    plan.notes.push_back(str_cat("--host-aware-collectives ", in.collective_host_size < 0 ? std::string("host")
+                                                                                          : std::to_string(in.collective_host_size),
+                                 " applies to no row: it must divide a shard group larger than it (and, for host, a "
+                                 "shard group spanning nodes); planned without it"));
+  }
+  if (in.reshard_after_forward_group_size != 0 && !node_used) {
+    plan.notes.push_back(str_cat("--reshard-after-forward ", in.reshard_after_forward_group_size < 0 ? std::string("host")
+                                                                                                     : std::to_string(in.reshard_after_forward_group_size),
+                                 " applies to no row: it must divide the shard group of full_shard or hybrid_shard "
+                                 "and be smaller; planned without it"));
+  }
   return plan;
 }
 

@@ -54,6 +54,7 @@ json strategy_json(const StrategyPlan& s) {
                   {"all_reduce", totals_json(s.traffic.all_reduce)},
                   {"all_to_all", totals_json(s.traffic.all_to_all)},
                   {"logical_bytes", s.traffic.logical_bytes()},
+                  {"inter_node_bytes", s.traffic.inter_node_bytes()},
                   {"wire_bytes", s.traffic.wire_bytes()}};
   j["time"] = {{"flops", s.time.flops},
                {"compute_s", s.time.compute_s},

@@ -104,6 +104,11 @@ StepTraffic step_traffic(const ModelSpec& model, const Parallelism& par, const S
     c.unit = unit;
     c.logical_bytes = bytes;
     c.wire_bytes = ring_wire_bytes(kind, bytes, c.group_size);
+    if (c.crosses_nodes && c.group_size > 1) {
+      const double n = static_cast<double>(c.group_size);
+      const double m = std::max(1.0, n / static_cast<double>(std::max<int64_t>(1, c.nodes)));
+      c.inter_node_bytes = c.wire_bytes * (n - m) / (n - 1.0);
+    }
     t.calls.push_back(c);
     KindTotals& k = kind == K::kAllGather       ? t.all_gather
                     : kind == K::kReduceScatter ? t.reduce_scatter

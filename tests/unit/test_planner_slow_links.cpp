@@ -163,4 +163,22 @@ TEST(PlannerSlowLinks, ABandwidthBoundPlanNamesTheSlowLinkFlags) {
     }
   }
   EXPECT_GT(crossing, 0);
+  // The bytes received across nodes (fsdp-train's comm.inter_host_bytes, [Note: host traffic]): a
+  // cross-host stage has one rank per node, so all it receives crosses; a group of 16 ranks over
+  // 2 nodes receives 8 of every 15 parts from the other node.
+  double inter = 0;
+  for (const auto& c : fs->traffic.calls) {
+    if (c.group == fp::GroupKind::kCrossHost) EXPECT_DOUBLE_EQ(c.inter_node_bytes, c.wire_bytes);
+    if (c.group == fp::GroupKind::kHost) EXPECT_EQ(c.inter_node_bytes, 0.0);
+    if (c.group == fp::GroupKind::kWorld) EXPECT_DOUBLE_EQ(c.inter_node_bytes, c.wire_bytes * 8 / 15);
+    inter += c.inter_node_bytes;
+  }
+  EXPECT_DOUBLE_EQ(fs->traffic.inter_node_bytes(), inter);
+  for (const auto& sp : slow.strategies) {
+    if (sp.parallelism.label() != "full_shard") continue;
+    for (const auto& c : sp.traffic.calls) {
+      if (c.group == fp::GroupKind::kShard) EXPECT_DOUBLE_EQ(c.inter_node_bytes, c.wire_bytes * 8 / 15);
+    }
+    EXPECT_GT(sp.traffic.inter_node_bytes(), 8 * fs->traffic.inter_node_bytes()) << "all four options: >= 8x fewer";
+  }
 }

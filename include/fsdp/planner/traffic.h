@@ -39,6 +39,10 @@ struct CollectiveCall {
   /// Bytes this rank sends (= receives) in a ring: (n-1)/n x logical for all-gather and
   /// reduce-scatter, 2(n-1)/n x logical for all-reduce (reduce-scatter + all-gather); 0 when n = 1.
   double wire_bytes = 0.0;
+  /// Of those, the bytes this rank receives from ranks on other nodes, as CommStats splits them
+  /// ([Note: host traffic]): wire bytes x (n - m) / (n - 1) with m = ranks of the group on this
+  /// rank's node (group_placement: spread evenly over its nodes); 0 when it does not cross nodes.
+  double inter_node_bytes = 0.0;
 };
 
 /// Totals of one kind of collective per step.
@@ -59,6 +63,13 @@ struct StepTraffic {
   }
   double wire_bytes() const {
     return all_gather.wire_bytes + reduce_scatter.wire_bytes + all_reduce.wire_bytes + all_to_all.wire_bytes;
+  }
+  /// Sum of CollectiveCall::inter_node_bytes: what this rank receives across nodes per step (the
+  /// planner's side of fsdp-train's comm.inter_host_bytes).
+  double inter_node_bytes() const {
+    double b = 0.0;
+    for (const auto& c : calls) b += c.inter_node_bytes;
+    return b;
   }
 };
 
