@@ -304,7 +304,8 @@ TEST(HostAwareCollectives, FourHostsOfTwoWithPaddedHosts) {
   constexpr int kRanks = 8;
   const std::vector<int64_t> widths{30, 20, 3, 5};
   auto groups = fsdp::comm::threaded_world(kRanks, 2);
-  const auto [x, y] = regression_batch(0, 3 * kRanks, 30, 5);
+  const auto batch = regression_batch(0, 3 * kRanks, 30, 5);  // (a lambda cannot capture a binding in C++17)
+  const at::Tensor x = batch.first, y = batch.second;
   Chain ref = seeded_chain(widths, 5);
   F::mse_loss(ref->forward(x), y).backward();
   const auto refs = params_by_name(ref.ptr());
