@@ -7,12 +7,18 @@
 #include <thread>
 #include <vector>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "fsdp/comm/threaded_backend.h"
 
 namespace fsdp_test {
 
 /// Runs fn(rank) on n threads, one per rank; rethrows the first exception after all joined.
 inline void on_threads(int n, const std::function<void(int)>& fn) {
+  // libtorch makes its default CPU generator at its first use (a module's initialisation): made
+  // here, on the calling thread, it is never made by one rank's thread while another reads it,
+  // which ThreadSanitizer reports (it cannot see libtorch's own synchronisation).
+  (void)at::detail::getDefaultCPUGenerator();
   std::vector<std::thread> threads;
   std::exception_ptr first;
   std::mutex mu;
