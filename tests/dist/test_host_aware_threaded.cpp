@@ -30,11 +30,23 @@ void run_on_hosts(const std::function<void(int, fsdp::comm::ProcessGroupPtr)>& f
   on_threads(kWorld, [&](int r) { fn(r, groups[r]); });
 }
 
-Chain sharded(const fsdp::comm::ProcessGroupPtr& g, const fsdp::FullyShardOptions& o) {
-  Chain model = seeded_chain(kWidths, 11);
+Chain sharded(const fsdp::comm::ProcessGroupPtr& g, const fsdp::FullyShardOptions& o,
+              const std::vector<int64_t>& widths = kWidths, uint64_t seed = 11) {
+  Chain model = seeded_chain(widths, seed);
   for (auto& l : model->layers) fsdp::fully_shard(l.ptr(), g, o);
   fsdp::fully_shard(model.ptr(), g, o);
   return model;
+}
+
+// One step of `flat`, then one of `host`, on this rank's 3 rows of (x, y); s[0..2]: the group's
+// counters before, between and after.
+void step_both(Chain& flat, Chain& host, const fsdp::comm::ProcessGroupPtr& g, const at::Tensor& x, const at::Tensor& y,
+               int rank, fsdp::comm::CommStats::Snapshot* s) {
+  s[0] = g->stats().snapshot();
+  F::mse_loss(fsdp::call(flat, x.narrow(0, 3 * rank, 3)), y.narrow(0, 3 * rank, 3)).backward();
+  s[1] = g->stats().snapshot();
+  F::mse_loss(fsdp::call(host, x.narrow(0, 3 * rank, 3)), y.narrow(0, 3 * rank, 3)).backward();
+  s[2] = g->stats().snapshot();
 }
 
 // Bytes of a kind this rank exchanged with other hosts between two snapshots.
@@ -133,11 +145,7 @@ TEST(HostAwareCollectives, SameValuesHalfTheBytesAcrossHosts) {
         Chain ref = seeded_chain(kWidths, 11);
         F::mse_loss(ref->forward(x), y).backward();
         fsdp::comm::CommStats::Snapshot s[3];
-        s[0] = g->stats().snapshot();
-        F::mse_loss(fsdp::call(flat, x.narrow(0, 3 * rank, 3)), y.narrow(0, 3 * rank, 3)).backward();
-        s[1] = g->stats().snapshot();
-        F::mse_loss(fsdp::call(host, x.narrow(0, 3 * rank, 3)), y.narrow(0, 3 * rank, 3)).backward();
-        s[2] = g->stats().snapshot();
+        step_both(flat, host, g, x, y, rank, s);
         const StepComm cf = delta(s[0], s[1]), ch = delta(s[1], s[2]);
         // Each layer gathers in forward and again in backward (two stages each when host-aware;
         // one, inside the node, for the backward's node-local gather).
@@ -313,18 +321,10 @@ TEST(HostAwareCollectives, FourHostsOfTwoWithPaddedHosts) {
     const auto& g = groups[rank];
     for (const WireCodec rs : {WireCodec::kNone, WireCodec::kInt8}) {
       SCOPED_TRACE(std::string("reduce_scatter_codec ") + fsdp::to_string(rs));
-      Chain flat = seeded_chain(widths, 5), host = seeded_chain(widths, 5);
-      for (auto [m, o] : {std::pair{flat, options(0, WireCodec::kNone, WireCodec::kNone)},
-                          std::pair{host, options(2, WireCodec::kNone, rs)}}) {
-        for (auto& l : m->layers) fsdp::fully_shard(l.ptr(), g, o);
-        fsdp::fully_shard(m.ptr(), g, o);
-      }
+      Chain flat = sharded(g, options(0, WireCodec::kNone, WireCodec::kNone), widths, 5);
+      Chain host = sharded(g, options(2, WireCodec::kNone, rs), widths, 5);
       fsdp::comm::CommStats::Snapshot s[3];
-      s[0] = g->stats().snapshot();
-      F::mse_loss(fsdp::call(flat, x.narrow(0, 3 * rank, 3)), y.narrow(0, 3 * rank, 3)).backward();
-      s[1] = g->stats().snapshot();
-      F::mse_loss(fsdp::call(host, x.narrow(0, 3 * rank, 3)), y.narrow(0, 3 * rank, 3)).backward();
-      s[2] = g->stats().snapshot();
+      step_both(flat, host, g, x, y, rank, s);
       EXPECT_EQ(2 * inter_host(s[1], s[2], K::kAllGather), inter_host(s[0], s[1], K::kAllGather));
       if (rs == WireCodec::kNone) {
         EXPECT_EQ(2 * inter_host(s[1], s[2], K::kReduceScatter), inter_host(s[0], s[1], K::kReduceScatter));
