@@ -23,6 +23,9 @@ WaitRecord& record() {
 
 constexpr size_t kMaxKeptEvents = 1000000;
 
+// CommunicationThreadScopes alive on this thread.
+thread_local int t_communication_scopes = 0;
+
 bool starts_with(const char* s, const char* prefix) { return std::strncmp(s, prefix, std::strlen(prefix)) == 0; }
 
 }  // namespace
@@ -68,7 +71,11 @@ std::vector<WaitEvent> take_wait_events() {
   return out;
 }
 
+CommunicationThreadScope::CommunicationThreadScope() { ++t_communication_scopes; }
+CommunicationThreadScope::~CommunicationThreadScope() { --t_communication_scopes; }
+
 void record_blocking_wait(double start_s, double end_s) {
+  if (t_communication_scopes > 0) return;
   const WaitPhase phase = wait_phase_of(current_activity().phase);
   WaitRecord& r = record();
   std::lock_guard<std::mutex> lock(r.mu);

@@ -1,6 +1,7 @@
 #include "issue_order_executor.h"
 
 #include "collective_check.h"
+#include "fsdp/comm/exposed_wait.h"
 #include "fsdp/common/activity.h"
 #include "fsdp/common/check.h"
 
@@ -41,6 +42,8 @@ void IssueOrderExecutor::loop() {
   // A memory budget never refuses this thread's allocations (the collective check's signatures,
   // reduction scratch): a refusal here would fail one rank's op while its peers wait in it.
   const BudgetExemptScope exempt;
+  // Its waits (an op chained after another group's) are not compute's: exposed_wait.h.
+  const CommunicationThreadScope communication_thread;
   for (;;) {
     Op op;
     {

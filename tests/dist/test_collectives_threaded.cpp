@@ -175,6 +175,33 @@ TEST(ThreadedCollectives, BlockingWaitsAreCountedAsExposedInTheirPhase) {
   EXPECT_NEAR(optimizer_event_s, after[opt] - before[opt], 1e-9);
 }
 
+// A chained op's communication thread waits for the stage before it ([Note: chained ops]); that
+// wait hides nothing from compute and is not exposed communication: only the compute thread's own
+// wait on the chained op counts, in its phase.
+TEST(ThreadedCollectives, ChainedOpWaitOnTheCommunicationThreadIsNotExposed) {
+  using fsdp::comm::WaitPhase;
+  static constexpr double kLateS = 0.3;
+  auto first = fsdp::comm::threaded_world(2);
+  auto second = fsdp::comm::threaded_world(2);
+  const auto before = fsdp::comm::exposed_wait_s();
+  fsdp_test::on_threads(2, [&](int rank) {
+    at::Tensor a = at::ones({4}), b = at::ones({4});
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::duration<double>(kLateS));
+    const fsdp::ActivityScope phase(nullptr, rank == 0 ? "optimizer step" : "forward");
+    auto stage1 = first[rank]->all_reduce(a);
+    auto stage2 = second[rank]->all_reduce(b, fsdp::comm::ReduceOp::kSum, {}, stage1);
+    stage2->wait();
+  });
+  const auto after = fsdp::comm::exposed_wait_s();
+  const int opt = static_cast<int>(WaitPhase::kOptimizer), other = static_cast<int>(WaitPhase::kOther);
+  EXPECT_GE(after[opt] - before[opt], 0.9 * kLateS);  // rank 0's compute thread waited for rank 1
+  // Rank 0's second executor waited as long for stage 1: not counted anywhere.
+  double total = 0.0;
+  for (int p = 0; p < fsdp::comm::kWaitPhaseCount; ++p) total += after[p] - before[p];
+  EXPECT_LT(total, after[opt] - before[opt] + 0.5 * kLateS);
+  EXPECT_LT(after[other] - before[other], 0.5 * kLateS);
+}
+
 // [Note: control channel] A group given a data backend and a control backend of its own (the
 // seam a device data backend uses): the data backend sees the user's ops only, the control
 // channel the signatures; a mismatch is still caught and named.

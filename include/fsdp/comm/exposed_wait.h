@@ -44,7 +44,20 @@ void set_record_wait_events(bool on);
 /// counted in exposed_wait_s but not kept). Thread-safe.
 std::vector<WaitEvent> take_wait_events();
 
-/// Adds one blocking wait of the calling thread (Work::wait calls it). Thread-safe.
+/// Adds one blocking wait of the calling thread (Work::wait calls it); nothing while a
+/// CommunicationThreadScope is alive on that thread. Thread-safe.
 void record_blocking_wait(double start_s, double end_s);
+
+/// Marks the calling thread, for the scope's lifetime, as one that runs collectives rather than
+/// compute (a group's communication thread): its blocking waits (a chained op waiting for the
+/// stage before it, [Note: chained ops] in process_group.h) hide nothing from compute and are not
+/// exposed communication, so record_blocking_wait ignores them. Scopes nest. Not copyable.
+class CommunicationThreadScope {
+ public:
+  CommunicationThreadScope();
+  ~CommunicationThreadScope();
+  CommunicationThreadScope(const CommunicationThreadScope&) = delete;
+  CommunicationThreadScope& operator=(const CommunicationThreadScope&) = delete;
+};
 
 }  // namespace fsdp::comm
