@@ -50,8 +50,9 @@ void FSDPUnit::pre_backward(int64_t forward_index) {
   exchange_activity(Activity{name_.c_str(), "backward"});
   training_state_ = TrainingState::kPreBackward;
   backward_active_ = true;
-  unshard("backward");
+  if (sharded_state_ == ShardedState::kSharded) unshard_async("backward");
   if (options_.backward_prefetch) scheduler_->prefetch_previous(forward_index);
+  unshard("backward");
 }
 
 void FSDPUnit::post_backward() {

@@ -71,8 +71,9 @@ std::vector<at::Tensor> FSDPUnit::pre_forward(std::vector<at::Tensor> inputs) {
         // The recompute's nested backward may accumulate a parameter's gradient more than once.
         grad_sync_->defer_to_end_of_backward();
       }
-      unshard("forward");
+      if (sharded_state_ == ShardedState::kSharded) unshard_async("forward");
       if (options_.forward_prefetch) scheduler_->prefetch_next(forward_index_);
+      unshard("forward");
     } catch (...) {
       abort_forward();  // e.g. the memory budget refused the gather
       throw;
