@@ -50,6 +50,9 @@ void FSDPUnit::pre_backward(int64_t forward_index) {
   exchange_activity(Activity{name_.c_str(), "backward"});
   training_state_ = TrainingState::kPreBackward;
   backward_active_ = true;
+  // Both gathers are issued before this one is waited for: the next one's first stage (a
+  // host-aware gather's hop across hosts) runs while this one finishes. The same units count
+  // against max_unsharded_units either way.
   if (sharded_state_ == ShardedState::kSharded) unshard_async("backward");
   if (options_.backward_prefetch) scheduler_->prefetch_previous(forward_index);
   unshard("backward");

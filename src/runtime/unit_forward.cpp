@@ -71,6 +71,9 @@ std::vector<at::Tensor> FSDPUnit::pre_forward(std::vector<at::Tensor> inputs) {
         // The recompute's nested backward may accumulate a parameter's gradient more than once.
         grad_sync_->defer_to_end_of_backward();
       }
+      // Both gathers are issued before this one is waited for: the next one's first stage (a
+      // host-aware gather's hop across hosts) runs while this one finishes. The same units count
+      // against max_unsharded_units either way.
       if (sharded_state_ == ShardedState::kSharded) unshard_async("forward");
       if (options_.forward_prefetch) scheduler_->prefetch_next(forward_index_);
       unshard("forward");
