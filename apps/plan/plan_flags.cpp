@@ -183,6 +183,11 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
                  "8). Turns on NCCL's network model, and with it NCCL's in-place reduce-scatter unless "
                  "--reduce-scatter-route says otherwise")
       ->check(positive)->group("Machine");
+  app.add_option("--inter-node-bandwidth", f.inter_node_bandwidth,
+                 "Rate of the network between nodes, each direction, e.g. 200Mbit, 10Gbit/s, 3GB/s: a node's "
+                 "one link (each adapter's with --nics-per-node), shared by the groups that cross it at once "
+                 "(default: the profile's; a --calibrate profile measured one node and repeats its own links)")
+      ->group("Machine");
   app.add_option("--rank", f.rank, "Whose bytes to report (rank 0 holds the most real rows)")
       ->check(non_negative)->group("Machine");
 
@@ -406,6 +411,24 @@ fp::PlanInputs resolve_inputs(const PlanFlags& f) {
       in.profile.collective_base_latency_s = 0;  // a profile without the NCCL model states no fixed cost
     }
     in.profile.nics_per_node = *f.nics_per_node;
+  }
+  if (!f.inter_node_bandwidth.empty()) {
+    double rate = 0;
+    try {
+      rate = fp::parse_link_rate_bytes_per_s(f.inter_node_bandwidth);
+    } catch (const fsdp::Error&) {
+      throw UsageError("--inter-node-bandwidth '" + f.inter_node_bandwidth +
+                       "' is not a link rate like 200Mbit, 10Gbit/s, 25Gbps or 3GB/s");
+    }
+    if (!in.profile.has_collectives) {
+      throw UsageError("--inter-node-bandwidth: profile '" + in.profile.name +
+                       "' has no collective figures (calibrated at one rank)");
+    }
+    for (fp::CollectiveLinks* l : {&in.profile.all_gather, &in.profile.reduce_scatter, &in.profile.all_reduce}) {
+      l->inter_node.bandwidth_bytes_per_s = rate;
+    }
+    in.profile.sources.push_back("link between nodes " + f.inter_node_bandwidth + " (" + fp::format_bytes(rate) +
+                                 "/s each direction): --inter-node-bandwidth");
   }
   if (!f.memory_per_rank.empty()) {
     try {

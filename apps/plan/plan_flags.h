@@ -54,6 +54,7 @@ struct PlanFlags {
   double headroom = fsdp::planner::kDefaultHeadroom;
   std::optional<double> compute_efficiency;
   std::optional<int64_t> nics_per_node;  ///< unset: the profile's
+  std::string inter_node_bandwidth;      ///< "200Mbit", "10Gbit/s", "3GB/s"; "": the profile's
   std::string reduce_scatter_route;      ///< "all_to_all", "in_place"; "": from the profile
   int64_t rank = 0;
   // Output

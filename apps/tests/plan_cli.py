@@ -198,7 +198,9 @@ def usage_errors(bin_path):
                        (["--headroom", "nan"], "--headroom: 'nan' is not a finite number (expected one in [0, 0.99])"),
                        (["--memory-per-rank", ""], "--memory-per-rank: is empty (an unset shell variable?)"),
                        (["--profile", ""], "--profile: is empty"),
-                       (["--memory-per-rank=", "--json"], "--memory-per-rank: is empty")):
+                       (["--memory-per-rank=", "--json"], "--memory-per-rank: is empty"),
+                       (["--inter-node-bandwidth", "200"],
+                        "--inter-node-bandwidth '200' is not a link rate like 200Mbit, 10Gbit/s, 25Gbps or 3GB/s")):
         p = plan(bin_path, "--model", "micro", *args, expect_rc=2)
         check(says in p.stderr and len(p.stderr) < 300, f"{args}: {says!r} in {p.stderr!r}")
 
@@ -348,6 +350,18 @@ def calibrate(bin_path, tmp):
           f"the node size a default decided is named: {text[:800]}")
     text = plan(bin_path, "--model", "nano", "--world-size", "4", "--profile", out, "--ranks-per-node", "4").stdout
     check("nodes because" not in text, "--ranks-per-node given: no note")
+    # --inter-node-bandwidth: the link between the calibrated nodes, named in the profile's sources;
+    # the same plan's collectives across nodes take longer on a slower link (two computed figures).
+    def crossing(rate):
+        d = json.loads(plan(bin_path, "--model", "nano", "--world-size", "4", "--ranks-per-node", "2",
+                            "--strategy", "full_shard", "--profile", out, "--json",
+                            "--inter-node-bandwidth", rate).stdout)
+        return d["strategies"][0]["time"]["comm_s"], d["profile"]
+    slow, slow_profile = crossing("200Mbit")
+    fast, _ = crossing("100Gbit")
+    check(slow > fast > 0, f"comm_s at 200 Mbit/s {slow} above 100 Gbit/s {fast}")
+    check(any("--inter-node-bandwidth" in s and "25.0 MB/s" in s for s in slow_profile.get("sources", [])),
+          f"the sources name the link: {slow_profile.get('sources')}")
     # --compute-efficiency scales a datasheet peak, not a measured step.
     p = plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", out, "--compute-efficiency", "0.5",
              expect_rc=2)
@@ -364,6 +378,8 @@ def calibrate(bin_path, tmp):
         plan(bin_path, "--model", "nano", "--world-size", "1", "--profile", one)
         p = plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", one, expect_rc=2)
         check("calibrated on one rank" in p.stderr, f"planning N = 2 with it is refused: {p.stderr!r}")
+        p = plan(bin_path, "--model", "nano", "--profile", one, "--inter-node-bandwidth", "1Gbit", expect_rc=2)
+        check("has no collective figures" in p.stderr, f"a link rate for a one-rank profile refused: {p.stderr!r}")
 
 
 def calibrate_oversubscribed(bin_path, tmp):

@@ -83,7 +83,11 @@ double collective_time_s(const DeviceProfile& profile, K kind, int64_t logical_b
   }
   if (profile.nics_per_node > 0) return nccl_s(profile, kind, logical_bytes, group);
   const LinkProfile& link = crosses_nodes ? l.inter_node : l.intra_node;
-  const double bw = crosses_nodes ? std::min(l.inter_node.bandwidth_bytes_per_s, l.intra_node.bandwidth_bytes_per_s)
+  // A node's one link, shared by the groups of this kind that cross it at once (g / node_size each).
+  const double share = crosses_nodes ? std::min(1.0, static_cast<double>(n) / static_cast<double>(group.nodes) /
+                                                         static_cast<double>(std::max<int64_t>(1, group.node_size)))
+                                     : 1.0;
+  const double bw = crosses_nodes ? std::min(share * l.inter_node.bandwidth_bytes_per_s, l.intra_node.bandwidth_bytes_per_s)
                                   : link.bandwidth_bytes_per_s;
   return ring_steps(kind, n) * link.alpha_s + ring_wire_bytes(kind, logical_bytes, n) / bw;
 }

@@ -418,6 +418,35 @@ int64_t parse_bytes(const std::string& text) {
   return static_cast<int64_t>(std::llround(v * mult));
 }
 
+double parse_link_rate_bytes_per_s(const std::string& text) {
+  const std::string expected = "a link rate like 200Mbit, 10Gbit/s, 25Gbps or 3GB/s";
+  size_t i = 0;
+  double v = 0.0;
+  try {
+    v = std::stod(text, &i);
+  } catch (const std::exception&) {
+    throw Error(ErrorKind::kInvalidArgument, kPlanWhere, expected_actual(expected, "", "'" + text + "'"));
+  }
+  std::string u;
+  for (char c : text.substr(i)) {
+    if (!std::isspace(static_cast<unsigned char>(c))) u += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  // The prefix, then bits ("bit", "bit/s", "bps") or bytes ("b/s").
+  double scale = 0.0;
+  if (!u.empty()) {
+    const char p = u[0];
+    scale = p == 'k' ? 1e3 : p == 'm' ? 1e6 : p == 'g' ? 1e9 : p == 't' ? 1e12 : 0.0;
+    if (scale > 0) u = u.substr(1);
+  }
+  double per_byte = 0.0;  // units of the number per byte
+  if (u == "bit" || u == "bit/s" || u == "bps") per_byte = 8.0;
+  else if (u == "b/s") per_byte = 1.0;
+  if (scale == 0.0) scale = 1.0;
+  FSDP_CHECK(per_byte > 0.0 && v > 0.0 && std::isfinite(v), ErrorKind::kInvalidArgument, kPlanWhere,
+             expected_actual(expected, "", "'" + text + "'"));
+  return v * scale / per_byte;
+}
+
 std::string format_count(int64_t n) {
   const std::string digits = n < 0 ? std::to_string(n).substr(1) : std::to_string(n);
   std::string out = n < 0 ? "-" : "";

@@ -110,6 +110,17 @@ TEST(PlannerNccl, ProfilesWithoutAdaptersKeepTheSingleRing) {
   const int64_t bytes = 1'000'000;
   EXPECT_DOUBLE_EQ(fp::collective_time_s(p, CollKind::kAllReduce, bytes, 16, true), 30 * kNetHop + 2 * 15.0 / 16 * bytes / kNic);
   EXPECT_DOUBLE_EQ(fp::collective_time_s(p, CollKind::kAllGather, bytes, 8, false), 7 * kNvlinkHop + 7.0 / 8 * bytes / kNvlink);
+  // Groups with one rank per node (hybrid's replica groups; host-aware collectives' stage across
+  // hosts) cross the node's one link beside the other node_size - 1 groups of their kind: each gets
+  // 1 / node_size of it. A group holding every rank of its nodes has the whole link.
+  for (int64_t m : {2, 4}) {
+    const fp::GroupPlacement one_per_node{m, m, 8};
+    EXPECT_DOUBLE_EQ(fp::collective_time_s(p, CollKind::kAllGather, bytes, one_per_node),
+                     (m - 1) * kNetHop + (m - 1.0) / m * bytes / (kNic / 8)) << m;
+    const fp::GroupPlacement two_per_node{2 * m, m, 8};
+    EXPECT_DOUBLE_EQ(fp::collective_time_s(p, CollKind::kAllGather, bytes, two_per_node),
+                     (2 * m - 1) * kNetHop + (2 * m - 1.0) / (2 * m) * bytes / (kNic / 4)) << m;
+  }
   // nccl-tests' bus bandwidth: (n-1)/n or 2(n-1)/n of the algorithm bandwidth.
   EXPECT_DOUBLE_EQ(fp::bus_bandwidth_bytes_per_s(CollKind::kAllGather, bytes, 8, 1e-3), 7.0 / 8 * bytes / 1e-3);
   EXPECT_DOUBLE_EQ(fp::bus_bandwidth_bytes_per_s(CollKind::kAllReduce, bytes, 8, 1e-3), 2 * 7.0 / 8 * bytes / 1e-3);

@@ -830,6 +830,23 @@ TEST(PlannerProfile, UnknownKeysAreRejectedAtEveryLevelAndEachNumberHasOneRange)
   }
 }
 
+TEST(PlannerUnits, ParseLinkRates) {
+  EXPECT_DOUBLE_EQ(fp::parse_link_rate_bytes_per_s("200Mbit"), 25e6);
+  EXPECT_DOUBLE_EQ(fp::parse_link_rate_bytes_per_s("10Gbit/s"), 1.25e9);
+  EXPECT_DOUBLE_EQ(fp::parse_link_rate_bytes_per_s("25 Gbps"), 3.125e9);
+  EXPECT_DOUBLE_EQ(fp::parse_link_rate_bytes_per_s("1e3kbit"), 125e3);
+  EXPECT_DOUBLE_EQ(fp::parse_link_rate_bytes_per_s("3GB/s"), 3e9);
+  EXPECT_DOUBLE_EQ(fp::parse_link_rate_bytes_per_s("500mb/s"), 5e8);
+  for (const char* bad : {"", "Gbit", "200", "200MB", "200Xbit", "0Gbit", "-1Gbit", "inf Gbit"}) {
+    try {
+      fp::parse_link_rate_bytes_per_s(bad);
+      ADD_FAILURE() << "'" << bad << "' accepted";
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(e.kind(), fsdp::ErrorKind::kInvalidArgument);
+    }
+  }
+}
+
 TEST(PlannerUnits, ParseAndFormatBytes) {
   EXPECT_EQ(fp::parse_bytes("80GB"), 80'000'000'000);
   EXPECT_EQ(fp::parse_bytes("80GiB"), 80LL << 30);

@@ -142,6 +142,11 @@ std::vector<int64_t> hybrid_candidates(int64_t world_size, int64_t ranks_per_nod
 /// Parses a byte count: "80GB" (10^9), "80GiB" (2^30), "512MiB", "1.5TB", "1e9", "123" (bytes).
 /// Throws fsdp::Error (kInvalidArgument) for anything else.
 int64_t parse_bytes(const std::string& text);
+/// Parses a link rate into bytes per second: bits per second as "200Mbit", "10Gbit/s", "25Gbps"
+/// (k, M, G, T: 10^3, 10^6, 10^9, 10^12; 8 bits a byte) or bytes per second as "500MB/s", "3GB/s".
+/// Case-insensitive; a unit is required (a bare number is ambiguous). Throws fsdp::Error
+/// (kInvalidArgument) for anything else, for 0 and for a negative or non-finite rate.
+double parse_link_rate_bytes_per_s(const std::string& text);
 /// "112.0 GB" style (decimal units, as the datasheets write them: B, kB, MB, GB, TB, PB):
 /// format_byte_count(bytes, ByteUnits::kDecimalLowerK) (fsdp/common/bytes.h).
 std::string format_bytes(double bytes);

@@ -41,8 +41,10 @@ double model_step_flops(const ModelSpec& model, const StepSetup& setup);
 /// sizes where they rise. Else, with n ranks, m nodes, g = n / m ranks of the group per node,
 /// s = ring_steps(kind, n), W = ring_wire_bytes(kind, logical_bytes, n):
 ///  - profiles with nics_per_node 0: s x alpha + W / bandwidth, on the intra-node link in one node,
-///    else on the inter-node one (every ring step waits for its slowest hop; the bandwidth the lower
-///    of the two);
+///    else on the inter-node one (every ring step waits for its slowest hop), at min(intra_node
+///    bandwidth, g / node_size x inter_node bandwidth): the node's one link, its share of it when
+///    other groups of the kind cross it beside this one (hybrid's replica groups, host-aware
+///    collectives' groups across hosts: one rank per node each);
 ///  - profiles with nics_per_node k >= 1, NCCL's algorithms (docs/planner.md, "Collectives across
 ///    nodes"): bus bandwidth B = intra_node bandwidth in one node, else min(intra_node bandwidth,
 ///    k x g / node_size x inter_node bandwidth) (one ring per NIC: a node's ring bytes leave through
