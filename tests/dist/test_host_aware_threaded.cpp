@@ -8,6 +8,7 @@
 #include <torch/nn/functional/loss.h>
 
 #include "../common/error_of.h"
+#include "../common/flat_blocks.h"
 #include "../common/models.h"
 #include "../common/parity.h"
 #include "../common/scenario_util.h"
@@ -53,35 +54,6 @@ void step_both(Chain& flat, Chain& host, const fsdp::comm::ProcessGroupPtr& g, c
 int64_t inter_host(const fsdp::comm::CommStats::Snapshot& a, const fsdp::comm::CommStats::Snapshot& b,
                    fsdp::comm::CollectiveKind k) {
   return b[static_cast<int>(k)].inter_host_bytes - a[static_cast<int>(k)].inter_host_bytes;
-}
-
-// A Linear's (weight, bias) laid out as (G, S) flat shards (rank-major, zero padding).
-at::Tensor to_blocks(const std::vector<at::Tensor>& full, const fsdp::shard::FlatLayout& layout) {
-  const int64_t G = layout.world_size;
-  at::Tensor blocks = at::zeros({G, layout.shard_numel()});
-  for (size_t i = 0; i < full.size(); ++i) {
-    const auto& spec = layout.params[i];
-    const at::Tensor rows = full[i].reshape({spec.dim0, spec.row_numel});
-    for (int64_t r = 0; r < G; ++r) {
-      blocks[r].narrow(0, layout.offsets[i], spec.real_numel(r))
-          .copy_(rows.narrow(0, spec.row_offset(r), spec.real_rows(r)).reshape({-1}));
-    }
-  }
-  return blocks;
-}
-
-// The inverse: full tensors of the given shapes from (G, S) blocks.
-std::vector<at::Tensor> from_blocks(const at::Tensor& blocks, const fsdp::shard::FlatLayout& layout,
-                                    const std::vector<at::Tensor>& like) {
-  std::vector<at::Tensor> out;
-  for (size_t i = 0; i < like.size(); ++i) {
-    const auto& spec = layout.params[i];
-    out.push_back(blocks.narrow(1, layout.offsets[i], spec.padded_shard_numel())
-                      .reshape({layout.world_size * spec.rows_per_rank, spec.row_numel})
-                      .narrow(0, 0, spec.dim0)
-                      .reshape(like[i].sizes()));
-  }
-  return out;
 }
 
 // One block quantised and decoded alone (blocks restart at every param).
@@ -200,7 +172,7 @@ TEST(Int8ReduceScatter, BlocksAreAveragedFromTheirQuantisedValues) {
       const auto local = local_grads(i);
       const auto layout = fsdp::shard::FlatLayout::make({local[0][0].sizes().vec(), local[0][1].sizes().vec()}, G);
       std::vector<at::Tensor> blocks;
-      for (const auto& l : local) blocks.push_back(to_blocks(l, layout));
+      for (const auto& l : local) blocks.push_back(fsdp_test::to_blocks(l, layout));
       at::Tensor out = at::zeros({G, layout.shard_numel()});
       if (c.host) {
         // Rank (k, p)'s block: the mean over hosts k' of the decoded host-k' average of it.
@@ -227,7 +199,7 @@ TEST(Int8ReduceScatter, BlocksAreAveragedFromTheirQuantisedValues) {
         }
         out = per_group.size() == 1 ? per_group[0] : (per_group[0] + per_group[1]) / 2;
       }
-      expected.push_back(from_blocks(out, layout, local[0]));
+      expected.push_back(fsdp_test::from_blocks(out, layout, local[0]));
       exact.push_back({(local[0][0] + local[1][0] + local[2][0] + local[3][0]) / 4,
                        (local[0][1] + local[1][1] + local[2][1] + local[3][1]) / 4});
     }

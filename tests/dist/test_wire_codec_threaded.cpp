@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
 
+#include "../common/flat_blocks.h"
 #include "../common/error_of.h"
 #include "../common/models.h"
 #include "../common/parity.h"
@@ -29,15 +30,7 @@ std::vector<at::Tensor> decoded_unit(const torch::nn::Linear& l, int64_t g, int6
   const std::vector<at::Tensor> full{l->weight.detach(), l->bias.detach()};
   const auto layout = fsdp::shard::FlatLayout::make({full[0].sizes().vec(), full[1].sizes().vec()}, g);
   const int64_t S = layout.shard_numel();
-  at::Tensor blocks = at::zeros({g, S});
-  for (size_t i = 0; i < full.size(); ++i) {
-    const auto& spec = layout.params[i];
-    const at::Tensor rows = full[i].reshape({spec.dim0, spec.row_numel});
-    for (int64_t r = 0; r < g; ++r) {
-      blocks[r].narrow(0, layout.offsets[i], spec.real_numel(r))
-          .copy_(rows.narrow(0, spec.row_offset(r), spec.real_rows(r)).reshape({-1}));
-    }
-  }
+  const at::Tensor blocks = fsdp_test::to_blocks(full, layout);
   at::Tensor decoded = at::empty({g, S});
   std::vector<at::Tensor> payloads;
   // Blocks restart at every param: the weight's padded shard, then the bias's.
@@ -45,15 +38,7 @@ std::vector<at::Tensor> decoded_unit(const torch::nn::Linear& l, int64_t g, int6
   for (int64_t r = 0; r < g; ++r) payloads.push_back(fsdp::comm::int8_block_quantize(blocks[r], segments));
   fsdp::comm::int8_block_dequantize(at::stack(payloads), segments, decoded);
   *payload_bytes = fsdp::comm::int8_payload_bytes(segments);
-  std::vector<at::Tensor> out;
-  for (size_t i = 0; i < full.size(); ++i) {
-    const auto& spec = layout.params[i];
-    out.push_back(decoded.narrow(1, layout.offsets[i], spec.padded_shard_numel())
-                      .reshape({g * spec.rows_per_rank, spec.row_numel})
-                      .narrow(0, 0, spec.dim0)
-                      .reshape(full[i].sizes()));
-  }
-  return out;
+  return fsdp_test::from_blocks(decoded, layout, full);
 }
 
 fsdp::FullyShardOptions int8_options(fsdp::ShardingStrategy s, int hybrid_size = 0) {
