@@ -184,9 +184,10 @@ std::optional<PlanFlags> parse_plan_flags(int argc, char** argv, int rank, int* 
                  "--reduce-scatter-route says otherwise")
       ->check(positive)->group("Machine");
   app.add_option("--inter-node-bandwidth", f.inter_node_bandwidth,
-                 "Rate of the network between nodes, each direction, e.g. 200Mbit, 10Gbit/s, 3GB/s: a node's "
-                 "one link (each adapter's with --nics-per-node), shared by the groups that cross it at once "
-                 "(default: the profile's; a --calibrate profile measured one node and repeats its own links)")
+                 "Rate of the network between nodes, each direction, e.g. 200Mbit, 10Gbit/s, 3GB/s: one network "
+                 "adapter's where the profile has several (h100, a100: 8; --nics-per-node 1 for one link per "
+                 "node), else the node's one link, shared by the groups that cross it at once (default: the "
+                 "profile's; a --calibrate profile measured one node and repeats its own links)")
       ->group("Machine");
   app.add_option("--rank", f.rank, "Whose bytes to report (rank 0 holds the most real rows)")
       ->check(non_negative)->group("Machine");
@@ -419,6 +420,10 @@ fp::PlanInputs resolve_inputs(const PlanFlags& f) {
     } catch (const fsdp::Error&) {
       throw UsageError("--inter-node-bandwidth '" + f.inter_node_bandwidth +
                        "' is not a link rate like 200Mbit, 10Gbit/s, 25Gbps or 3GB/s");
+    }
+    if (rate < 1.0 || rate > 1e18) {
+      throw UsageError("--inter-node-bandwidth '" + f.inter_node_bandwidth + "' is " + fp::format_bytes(rate) +
+                       "/s each direction, outside [1 B/s, 1e18 B/s]");
     }
     if (!in.profile.has_collectives) {
       throw UsageError("--inter-node-bandwidth: profile '" + in.profile.name +

@@ -209,6 +209,9 @@ std::string format_plan(const fp::Plan& p, const GivenInputs& given) {
      << (st.all_gather_codec == fsdp::WireCodec::kInt8 ? ", int8 all-gathers" : "")
      << (st.reduce_scatter_codec == fsdp::WireCodec::kInt8 ? ", int8 reduce-scatters" : "") << "\n";
   os << "  profile " << in.profile.name << (in.profile.description.empty() ? "" : ": " + in.profile.description) << "\n";
+  for (const std::string& source : in.profile.sources) {  // the user's link replaces the profile's
+    if (source.find("--inter-node-bandwidth") != std::string::npos) os << "  " << source << "\n";
+  }
   if (!given.profile) {
     os << "  note: no --profile given, so this plans GPUs of the built-in " << in.profile.name
        << "; for CPU ranks measure your machine (mpirun -n 2 build/bin/fsdp-plan --calibrate --out cpu.json) and plan "

@@ -199,6 +199,7 @@ def usage_errors(bin_path):
                        (["--memory-per-rank", ""], "--memory-per-rank: is empty (an unset shell variable?)"),
                        (["--profile", ""], "--profile: is empty"),
                        (["--memory-per-rank=", "--json"], "--memory-per-rank: is empty"),
+                       (["--inter-node-bandwidth", "1bit"], "--inter-node-bandwidth '1bit' is 0 B/s each direction, outside [1 B/s, 1e18 B/s]"),
                        (["--inter-node-bandwidth", "200"],
                         "--inter-node-bandwidth '200' is not a link rate like 200Mbit, 10Gbit/s, 25Gbps or 3GB/s")):
         p = plan(bin_path, "--model", "micro", *args, expect_rc=2)
@@ -362,6 +363,10 @@ def calibrate(bin_path, tmp):
     check(slow > fast > 0, f"comm_s at 200 Mbit/s {slow} above 100 Gbit/s {fast}")
     check(any("--inter-node-bandwidth" in s and "25.0 MB/s" in s for s in slow_profile.get("sources", [])),
           f"the sources name the link: {slow_profile.get('sources')}")
+    text = plan(bin_path, "--model", "nano", "--world-size", "4", "--ranks-per-node", "2", "--profile", out,
+                "--inter-node-bandwidth", "200Mbit").stdout
+    check("link between nodes 200Mbit (25.0 MB/s each direction): --inter-node-bandwidth" in text,
+          f"the report names the link: {text[:600]}")
     # --compute-efficiency scales a datasheet peak, not a measured step.
     p = plan(bin_path, "--model", "nano", "--world-size", "2", "--profile", out, "--compute-efficiency", "0.5",
              expect_rc=2)

@@ -310,7 +310,11 @@ std::vector<std::string> slow_link_notes(const PlanInputs& in, const Plan& plan)
   if (rec.kind != RecommendationKind::kDataParallel) return {};
   const Parallelism& par = rec.choice;
   const StrategyTraits& t = traits_of(par.strategy);
-  if (!t.gathers_params || !group_crosses_nodes(par, GroupKind::kShard)) return {};
+  const int64_t rpn = plan.ranks_per_node;
+  // no_shard (DDP) across nodes: the alternative is full_shard with the wire options, over the
+  // same ranks; a sharded strategy keeps its own and gains the options it lacks.
+  const bool replicated = !t.gathers_params;
+  if (replicated ? par.world_size <= rpn : !group_crosses_nodes(par, GroupKind::kShard)) return {};
   StrategyPlan now;
   bool found = false;
   for (const StrategyPlan& s : plan.strategies) found = found || s.parallelism.label() == par.label();
@@ -323,20 +327,28 @@ std::vector<std::string> slow_link_notes(const PlanInputs& in, const Plan& plan)
   PlanInputs faster = as_recommended;
   Parallelism better = par;
   std::vector<std::string> flags;
+  if (replicated) {
+    better = Parallelism{};
+    better.strategy = fsdp::ShardingStrategy::kFullShard;
+    better.world_size = par.world_size;
+    better.ranks_per_node = par.ranks_per_node;
+    flags.push_back("--strategy full_shard");
+  }
+  const StrategyTraits& bt = traits_of(better.strategy);
   if (in.step.all_gather_codec == fsdp::WireCodec::kNone) {
     faster.step.all_gather_codec = fsdp::WireCodec::kInt8;
     flags.push_back("--all-gather-codec int8");
   }
-  const int64_t rpn = plan.ranks_per_node, G = par.shard_group_size();
-  if (t.reshard_after_forward && par.node_group_size() == 0 && rpn < G && G % rpn == 0) {
+  const int64_t G = better.shard_group_size();
+  if (bt.reshard_after_forward && better.node_group_size() == 0 && rpn < G && G % rpn == 0) {
     better.reshard_after_forward_group_size = rpn;
     flags.push_back("--reshard-after-forward host");
   }
-  if (par.host_stage_size() == 0 && rpn > 1 && rpn < G && G % rpn == 0) {
+  if (better.host_stage_size() == 0 && rpn > 1 && rpn < G && G % rpn == 0) {
     better.collective_host_size = rpn;
     flags.push_back("--host-aware-collectives host");
   }
-  if (in.step.reduce_scatter_codec == fsdp::WireCodec::kNone && t.grad_sync == GradSync::kReduceScatter) {
+  if (in.step.reduce_scatter_codec == fsdp::WireCodec::kNone && bt.grad_sync == GradSync::kReduceScatter) {
     faster.step.reduce_scatter_codec = fsdp::WireCodec::kInt8;
     flags.push_back("--reduce-scatter-codec int8");
   }

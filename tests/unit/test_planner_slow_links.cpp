@@ -111,6 +111,32 @@ TEST(PlannerSlowLinks, NodeLocalReshardIsRefusedWhereItCannotApply) {
   EXPECT_THROW(fp::make_plan(in), fsdp::Error);
 }
 
+// no_shard (DDP), recommended wherever it fits, on a 200 Mbit/s link between nodes of 2 ranks: the
+// note names full_shard with every slow-link option, which the planner prices far below it.
+TEST(PlannerSlowLinks, ABandwidthBoundNoShardNamesFullShardWithTheOptions) {
+  fp::PlanInputs in;
+  in.model = fp::gpt_model(fp::gpt_shape("gpt2", 8192));
+  in.world_size = 4;
+  in.ranks_per_node = 2;
+  in.profile = fp::builtin_profile("h100");
+  in.profile.nics_per_node = 1;
+  for (auto* l : {&in.profile.all_gather, &in.profile.reduce_scatter, &in.profile.all_reduce}) {
+    l->inter_node.bandwidth_bytes_per_s = 25e6;
+  }
+  const fp::Plan plan = fp::make_plan(in);
+  ASSERT_EQ(plan.recommendation.choice.label(), "no_shard");
+  const auto notes = fp::slow_link_notes(in, plan);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("no_shard is bandwidth-bound here"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[0].find("with --strategy full_shard --all-gather-codec int8 --reshard-after-forward host "
+                          "--host-aware-collectives host --reduce-scatter-codec int8 (full_shard(node=2,host=2))"),
+            std::string::npos)
+      << notes[0];
+  // One node: nothing crosses a link, nothing to say.
+  in.ranks_per_node = 4;
+  EXPECT_TRUE(fp::slow_link_notes(in, fp::make_plan(in)).empty());
+}
+
 // A plan bandwidth-bound on slow links between nodes (h100's inter-node links at 1/100) says which
 // fsdp-train flags would shorten its step, and by how much; with fast links it says nothing.
 TEST(PlannerSlowLinks, ABandwidthBoundPlanNamesTheSlowLinkFlags) {

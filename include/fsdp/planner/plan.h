@@ -99,14 +99,15 @@ struct Plan {
 /// model rate (and the shared-core factors, measured beside that pass) belong to its shapes.
 std::vector<std::string> profile_notes(const PlanInputs& in);
 
-/// Where the recommended strategy all-gathers params over a shard group spanning nodes, is
-/// bandwidth-bound (communication its compute does not hide is at least a fifth of its step) and
-/// the inputs leave a slow-link option off: the same strategy planned with the int8 all-gather
-/// codec and, where the ranks per node divide its shard group, the node-local reshard to a node
-/// (both where they apply); when that step is at least 10% shorter and still fits, one sentence
-/// naming the fsdp-train flags, both step times and the cross-node all-gather bytes per rank
-/// before and after. Empty otherwise. Not part of the recommendation itself (which strategy);
-/// the options change no model state. docs/planner.md, "Traffic".
+/// Where the recommended strategy all-gathers params over a shard group spanning nodes, or is
+/// no_shard over ranks spanning nodes, is bandwidth-bound (communication its compute does not
+/// hide is at least a fifth of its step) and the inputs leave a slow-link option off: the same
+/// strategy (no_shard: full_shard over the same ranks) planned with the int8 codecs and, where the
+/// ranks per node divide its shard group, the node-local reshard and host-aware collectives (each
+/// where it applies); when that step is at least 10% shorter and still fits, one sentence naming
+/// the fsdp-train flags, both step times and the bytes per rank in collectives that cross nodes
+/// before and after. Empty otherwise. Not part of the recommendation itself (which strategy).
+/// docs/planner.md, "Traffic".
 std::vector<std::string> slow_link_notes(const PlanInputs& in, const Plan& plan);
 
 /// The reduce-scatter's route a plan of `in` uses: in.reduce_scatter_route, else NCCL's in-place
