@@ -234,7 +234,7 @@ def wire_codecs(bin_path):
           f"the backward's gathers over 2 ranks instead of 4: {node} vs {fs}")
     for args, says in ((["--strategy", "zero1", "--reshard-after-forward", "2"], "applies to --strategy full_shard or hybrid_shard"),
                        (["--world-size", "4", "--strategy", "full_shard", "--reshard-after-forward", "3"],
-                        "reshard_after_forward_group_size 3 must divide the shard group size 4")):
+                        "--reshard-after-forward (reshard_after_forward_group_size) 3 must divide the shard group size 4")):
         p = plan(bin_path, *args, expect_rc=2)
         check(says in p.stderr, f"{args}: {p.stderr!r}")
     p = plan(bin_path, "--strategy", "no_shard", "--all-gather-codec", "int8", expect_rc=2)
@@ -261,7 +261,7 @@ def wire_codecs(bin_path):
     for args, says in ((["--strategy", "no_shard", "--reduce-scatter-codec", "int8"],
                         "--reduce-scatter-codec int8 applies to strategies that reduce-scatter gradients, not no_shard"),
                        (["--world-size", "4", "--strategy", "full_shard", "--host-aware-collectives", "3"],
-                        "collective_host_size 3 must divide the shard group size 4")):
+                        "--host-aware-collectives (collective_host_size) 3 must divide the shard group size 4")):
         p = plan(bin_path, *args, expect_rc=2)
         check(says in p.stderr, f"{args}: {p.stderr!r}")
 

@@ -268,11 +268,12 @@ Plan make_plan(const PlanInputs& given) {
     const int64_t G = par.shard_group_size();
     const int64_t node = in.reshard_after_forward_group_size < 0 ? (rpn >= G ? 0 : rpn) : in.reshard_after_forward_group_size;
     FSDP_CHECK(node == 0 || par.shard_group_size() % node == 0, ErrorKind::kInvalidArgument, kPlanWhere,
-               "reshard_after_forward_group_size ", node, " must divide the shard group size ", par.shard_group_size(),
+               "--reshard-after-forward (reshard_after_forward_group_size) ", node, " must divide the shard group size ",
+               par.shard_group_size(),
                " of ", par.label());
     const int64_t host = in.collective_host_size < 0 ? (rpn >= G ? 0 : rpn) : in.collective_host_size;
-    FSDP_CHECK(host == 0 || G % host == 0, ErrorKind::kInvalidArgument, kPlanWhere, "collective_host_size ", host,
-               " must divide the shard group size ", G, " of ", par.label());
+    FSDP_CHECK(host == 0 || G % host == 0, ErrorKind::kInvalidArgument, kPlanWhere, "--host-aware-collectives (collective_host_size) ",
+               host, " must divide the shard group size ", G, " of ", par.label());
     plan.strategies.push_back(plan_strategy(in, par, usable));
   } else {
     plan.strategies = all;
