@@ -421,7 +421,7 @@ fp::PlanInputs resolve_inputs(const PlanFlags& f) {
       throw UsageError("--inter-node-bandwidth '" + f.inter_node_bandwidth +
                        "' is not a link rate like 200Mbit, 10Gbit/s, 25Gbps or 3GB/s");
     }
-    if (rate < 1.0 || rate > 1e18) {
+    if (rate < 1.0 || rate > fp::kMaxProfileRatePerS) {
       throw UsageError("--inter-node-bandwidth '" + f.inter_node_bandwidth + "' is " + fp::format_bytes(rate) +
                        "/s each direction, outside [1 B/s, 1e18 B/s]");
     }

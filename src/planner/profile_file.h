@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "fsdp/common/check.h"
+#include "fsdp/planner/profile.h"
 
 namespace fsdp::planner::profile_file {
 
@@ -21,7 +22,7 @@ inline const char* const kOptimizerKeys[] = {"adamw", "sgd-momentum", "sgd"};
 // the time model overflow (one collective step or one tensor's update within an hour; a rate
 // below 1e18 per second; memory below 1 EiB).
 inline constexpr double kMaxSeconds = 3600.0;
-inline constexpr double kMaxRate = 1e18;
+inline constexpr double kMaxRate = kMaxProfileRatePerS;
 inline constexpr int64_t kMaxBytes = int64_t{1} << 60;
 inline constexpr int64_t kMaxNumel = int64_t{1} << 50;
 inline constexpr double kMaxSharedCoreFactor = 1000.0;

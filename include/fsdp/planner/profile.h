@@ -17,6 +17,11 @@ namespace fsdp::planner {
 /// of that is within the pass's own spread, so smaller measured factors are taken as this.
 constexpr double kMinOversubscribedFactor = 0.1;
 
+/// The largest rate per second a profile holds (bytes or FLOPs): well past any machine, so that an
+/// edited file or a flag cannot make the time model overflow. A profile file's rates and
+/// fsdp-plan's --inter-node-bandwidth are refused above it (and below 1 per second).
+constexpr double kMaxProfileRatePerS = 1e18;
+
 /// alpha-beta parameters of one ring step: a collective over n ranks costs (n-1) x alpha_s plus
 /// its ring wire bytes (traffic.h) / bandwidth_bytes_per_s.
 struct LinkProfile {
