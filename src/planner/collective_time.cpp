@@ -40,6 +40,13 @@ double measured_s(const DeviceProfile& profile, int kind_index, K kind, int64_t 
   return ring_steps(kind, n) * interpolate(per_step, static_cast<double>(logical_bytes) / static_cast<double>(n));
 }
 
+// The share of a node's network a group crossing nodes has while the other groups of its kind
+// cross it beside it: its ranks on the node (n / m) over the node's ranks.
+double node_link_share(const GroupPlacement& group) {
+  return static_cast<double>(group.ranks) / static_cast<double>(std::max<int64_t>(1, group.nodes)) /
+         static_cast<double>(std::max<int64_t>(1, group.node_size));
+}
+
 // [Note: collectives across nodes] NCCL builds one ring (channel) per network adapter; each ring
 // visits the node's GPUs over NVLink and leaves the node through its own adapter, so every ring
 // carries 1/k of the data and a node's ring bytes (the same (n-1)/n or 2(n-1)/n of the message
@@ -56,8 +63,8 @@ double nccl_s(const DeviceProfile& profile, K kind, int64_t logical_bytes, const
   const double g = static_cast<double>(n) / static_cast<double>(m);
   double bus = l.intra_node.bandwidth_bytes_per_s;
   if (m > 1) {
-    const double share = g / static_cast<double>(std::max<int64_t>(1, group.node_size));
-    bus = std::min(bus, static_cast<double>(profile.nics_per_node) * share * l.inter_node.bandwidth_bytes_per_s);
+    bus = std::min(bus, static_cast<double>(profile.nics_per_node) * node_link_share(group) *
+                            l.inter_node.bandwidth_bytes_per_s);
   }
   const double steps = ring_steps(kind, n), inter_steps = ring_steps(kind, m);
   const double ring = profile.collective_base_latency_s + (steps - inter_steps) * l.intra_node.alpha_s +
@@ -83,11 +90,9 @@ double collective_time_s(const DeviceProfile& profile, K kind, int64_t logical_b
   }
   if (profile.nics_per_node > 0) return nccl_s(profile, kind, logical_bytes, group);
   const LinkProfile& link = crosses_nodes ? l.inter_node : l.intra_node;
-  // A node's one link, shared by the groups of this kind that cross it at once (g / node_size each).
-  const double share = crosses_nodes ? std::min(1.0, static_cast<double>(n) / static_cast<double>(group.nodes) /
-                                                         static_cast<double>(std::max<int64_t>(1, group.node_size)))
-                                     : 1.0;
-  const double bw = crosses_nodes ? std::min(share * l.inter_node.bandwidth_bytes_per_s, l.intra_node.bandwidth_bytes_per_s)
+  // A node's one link, shared by the groups of this kind that cross it at once.
+  const double bw = crosses_nodes ? std::min(node_link_share(group) * l.inter_node.bandwidth_bytes_per_s,
+                                             l.intra_node.bandwidth_bytes_per_s)
                                   : link.bandwidth_bytes_per_s;
   return ring_steps(kind, n) * link.alpha_s + ring_wire_bytes(kind, logical_bytes, n) / bw;
 }
